@@ -1,4 +1,4 @@
-"""Shared pytest configuration: async tests run on anyio's asyncio backend."""
+"""Shared pytest configuration: async tests run on asyncio through the anyio plugin."""
 
 import pytest
 

@@ -35,7 +35,7 @@ class MigProfile:
     """A GPU-instance profile of one GPU model, with where it may be placed."""
 
     profile_index: int  # NVML_GPU_INSTANCE_PROFILE_* enum value (0 = 1 slice, 4 = 7 slices, ...)
-    profile_id: int  # nvmlGpuInstanceProfileInfo_t.id, as nvidia-smi shows it (19, 20, 15, 14, 9, 5, 0)
+    profile_id: int  # nvmlGpuInstanceProfileInfo_t.id, the nvidia-smi ID (19, 20, 15, 14, 9, 5, 0)
     name: str  # NVIDIA's profile name, e.g. "1g.10gb", "1g.10gb+me", "7g.80gb"
     slice_count: int
     instance_count: int

@@ -1,0 +1,137 @@
+"""Validate objects against the Kubernetes OpenAPI schemas bundled with kubernetes-validate.
+
+The ``kubernetes-validate`` CLI stops at the first error (dependency-notes.md §6a), which
+hides every other mistake in a generated manifest. Here the same strict schemas (unknown
+fields rejected) are loaded from the installed package and checked with ``jsonschema``'s
+``iter_errors`` over a ``referencing`` registry holding the package's ``_definitions.json``,
+so every error is reported, with its path. Schema-only: values the schema leaves free (a
+taint effect, a name's syntax) are the model's own checks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+
+SUPPORTED_VERSIONS = ("1.34", "1.35", "1.36")
+
+
+@dataclass(frozen=True)
+class SchemaError:
+    """One schema violation: where (dotted path, '' for the root) and what."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path or '<root>'}: {self.message}"
+
+
+class SchemaValidationFailed(AssertionError):
+    """An object does not match its Kubernetes schema; the message lists every error."""
+
+    def __init__(self, kind: str, version: str, errors: list[SchemaError]) -> None:
+        self.errors = errors
+        lines = "\n  ".join(str(error) for error in errors)
+        super().__init__(
+            f"{kind} is invalid for Kubernetes {version} ({len(errors)} errors):\n  {lines}"
+        )
+
+
+def schema_root() -> Path:
+    """The folder of bundled schemas inside the installed kubernetes_validate package."""
+    return Path(str(files("kubernetes_validate"))) / "kubernetes-json-schema"
+
+
+def _schema_dir(version: str) -> Path:
+    match = re.fullmatch(r"v?(\d+)\.(\d+)(\.\d+)?", version)
+    if match is None:
+        raise ValueError(f"Kubernetes version {version!r} is not of the form 1.35 or 1.35.0")
+    folder = schema_root() / f"v{match[1]}.{match[2]}.0-local-strict"
+    if not folder.is_dir():
+        raise ValueError(f"kubernetes-validate bundles no strict schemas for Kubernetes {version}")
+    return folder
+
+
+def _schema_file_name(api_version: str, kind: str) -> str:
+    # "resource.k8s.io/v1" -> "resource-v1"; core "v1" stays "v1".
+    group, _, ver = api_version.rpartition("/")
+    suffix = f"{group.split('.')[0]}-{ver}" if group else ver
+    return f"{kind.lower()}-{suffix}.json"
+
+
+@lru_cache(maxsize=8)
+def _registry(version: str) -> Registry[Any]:
+    definitions = json.loads((_schema_dir(version) / "_definitions.json").read_text())
+    return Registry().with_resource(definitions["$id"], Resource.from_contents(definitions))
+
+
+@lru_cache(maxsize=64)
+def _validator(version: str, api_version: str, kind: str) -> Draft202012Validator:
+    path = _schema_dir(version) / _schema_file_name(api_version, kind)
+    if not path.is_file():
+        raise ValueError(f"no schema for {kind} {api_version} in Kubernetes {version}")
+    schema = json.loads(path.read_text())
+    registry = _registry(version).with_resource(schema["$id"], Resource.from_contents(schema))
+    return Draft202012Validator(schema, registry=registry)
+
+
+def schema_errors(obj: Mapping[str, Any], version: str) -> list[SchemaError]:
+    """Every way ``obj`` breaks the strict schema of its apiVersion/kind in ``version``."""
+    api_version, kind = obj.get("apiVersion"), obj.get("kind")
+    if not isinstance(api_version, str) or not isinstance(kind, str):
+        return [SchemaError("", "apiVersion and kind must both be strings")]
+    validator = _validator(version, api_version, kind)
+    found = [
+        SchemaError(".".join(str(part) for part in error.absolute_path), error.message)
+        for error in validator.iter_errors(obj)
+    ]
+    return sorted(found, key=lambda error: (error.path, error.message))
+
+
+def validate(obj: Mapping[str, Any], version: str) -> None:
+    """Raise SchemaValidationFailed listing every error when ``obj`` is invalid."""
+    errors = schema_errors(obj, version)
+    if errors:
+        raise SchemaValidationFailed(str(obj.get("kind")), version, errors)
+
+
+def manifest_errors(text: str, version: str) -> list[SchemaError]:
+    """Every schema error in a YAML or JSON manifest (one or many documents, or a List).
+
+    For CLI tests: feed it what ``gpu-dra-agent`` prints. Paths are prefixed with the
+    document index (``0:spec.devices.3``).
+    """
+    out: list[SchemaError] = []
+    for index, obj in enumerate(_objects(yaml.safe_load_all(text))):
+        out.extend(
+            SchemaError(f"{index}:{error.path}", error.message)
+            for error in schema_errors(obj, version)
+        )
+    return out
+
+
+def _objects(documents: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
+    for document in documents:
+        if document is None:
+            continue
+        if (
+            isinstance(document, Mapping)
+            and str(document.get("kind", "")).endswith("List")
+            and "items" in document
+        ):
+            yield from document["items"]
+        elif isinstance(document, list):
+            yield from document
+        else:
+            yield document
