@@ -1,0 +1,399 @@
+"""Opaque device configurations of a claim: strict decoding and which one applies where.
+
+Users attach ``resource.nvidia.com/v1beta1`` parameters (``GpuConfig``, ``MigDeviceConfig``:
+the incumbent's API, nvidia-driver-facts.md §5.1) to claims and DeviceClasses. A typo must
+fail the prepare with its exact field path, never be ignored: decoding is strict and
+reports every unknown field, wrong type and unknown enum value at once.
+
+Precedence (``effective_configs``), highest first: claim configs (``FromClaim``), class
+configs (``FromClass``), the built-in defaults (no sharing); within one source, a config
+naming the request (``req`` covers subrequest results ``req/sub``) beats one with empty
+``requests``; then the later entry wins. ``GpuConfig`` applies only to gpu devices and
+``MigDeviceConfig`` only to mig devices; a wrong-type config naming the result's exact
+request is an error, one reaching it via empty ``requests`` or a parent request is skipped.
+
+Sharing strategies (TimeSlicing, MPS) are decoded, validated and returned, not yet applied:
+the prepare engine decides what it can apply and refuses the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal, TypeVar
+
+from agent.dra.errors import InvalidValueError
+from agent.dra.quantity import parse_quantity
+from agent.errors import AgentError
+
+API_VERSION = "resource.nvidia.com/v1beta1"
+MAX_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength of resource.k8s.io
+DeviceKind = Literal["gpu", "mig"]
+ConfigSource = Literal["FromClass", "FromClaim"]
+_SOURCE_RANK: dict[str, int] = {"FromClass": 1, "FromClaim": 2}
+_E = TypeVar("_E", bound=StrEnum)
+
+
+class ConfigError(AgentError):
+    """A claim's device configuration is invalid; ``problems`` lists every mistake found."""
+
+    def __init__(self, problems: Sequence[str], claim: str = "") -> None:
+        self.problems = tuple(problems)
+        subject = f"claim {claim}: " if claim else ""
+        super().__init__(f"{subject}invalid device configuration: " + "; ".join(self.problems))
+
+
+class SharingStrategy(StrEnum):
+    TIME_SLICING = "TimeSlicing"
+    MPS = "MPS"
+
+
+class TimeSliceInterval(StrEnum):
+    DEFAULT = "Default"
+    SHORT = "Short"
+    MEDIUM = "Medium"
+    LONG = "Long"
+
+
+@dataclass(frozen=True)
+class TimeSlicingConfig:
+    interval: TimeSliceInterval = TimeSliceInterval.DEFAULT
+
+
+@dataclass(frozen=True)
+class MpsConfig:
+    """MPS defaults; quantities as spelled; per-device limits as sorted (UUID|index, qty)."""
+
+    default_active_thread_percentage: int | None = None
+    default_pinned_device_memory_limit: str | None = None
+    default_per_device_pinned_memory_limit: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How devices are shared; ``time_slicing`` only with TimeSlicing, ``mps`` only with MPS."""
+
+    strategy: SharingStrategy
+    time_slicing: TimeSlicingConfig | None = None
+    mps: MpsConfig | None = None
+
+    def __post_init__(self) -> None:  # normalized, so that equal meaning is equal value
+        if self.strategy is SharingStrategy.TIME_SLICING and self.time_slicing is None:
+            object.__setattr__(self, "time_slicing", TimeSlicingConfig())
+        if self.strategy is SharingStrategy.MPS and self.mps is None:
+            object.__setattr__(self, "mps", MpsConfig())
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    sharing: Sharing | None = None
+
+
+@dataclass(frozen=True)
+class MigDeviceConfig:
+    sharing: Sharing | None = None
+
+
+OpaqueConfig = GpuConfig | MigDeviceConfig
+DEFAULT_CONFIGS: Mapping[DeviceKind, OpaqueConfig] = {"gpu": GpuConfig(), "mig": MigDeviceConfig()}
+
+
+@dataclass(frozen=True)
+class AllocationResult:
+    """One ``status.allocation.devices.results[]`` entry, as far as prepare needs it."""
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    admin_access: bool = False
+
+    @property
+    def base_request(self) -> str:
+        """The request name without a subrequest suffix (``"req/sub"`` -> ``"req"``)."""
+        return self.request.split("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class DeviceConfigEntry:
+    """One ``status.allocation.devices.config[]`` entry; ``parameters`` is the opaque object."""
+
+    source: ConfigSource
+    requests: tuple[str, ...]
+    driver: str
+    parameters: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class EffectiveConfig:
+    """The config that applies to one allocated device, and where it came from."""
+
+    result: AllocationResult
+    kind: DeviceKind
+    config: OpaqueConfig
+    origin: str  # "default" or "devices.config[<index>]"
+
+
+def config_kind(config: OpaqueConfig) -> DeviceKind:
+    """The device kind a config applies to."""
+    return "gpu" if isinstance(config, GpuConfig) else "mig"
+
+
+def default_config(kind: DeviceKind) -> OpaqueConfig:
+    """The lowest-precedence config of a device kind: no sharing."""
+    return DEFAULT_CONFIGS[kind]
+
+
+def decode_parameters(
+    parameters: Mapping[str, Any] | str | bytes, path: str = "parameters"
+) -> OpaqueConfig:
+    """Decode opaque parameters strictly; raises ``ConfigError`` naming every bad field."""
+    raw = parameters.encode() if isinstance(parameters, str) else parameters
+    if not isinstance(raw, bytes):
+        raw = json.dumps(parameters, separators=(",", ":")).encode()
+    if len(raw) > MAX_PARAMETERS_BYTES:
+        raise ConfigError([f"{path}: {len(raw)} bytes exceed the limit of {MAX_PARAMETERS_BYTES}"])
+    try:
+        parameters = json.loads(raw)
+    except ValueError as error:
+        raise ConfigError([f"{path}: not valid JSON ({error})"]) from None
+    decoder = _Decoder()
+    config = decoder.config(parameters, path)
+    if decoder.problems or config is None:
+        raise ConfigError(decoder.problems or [f"{path}: invalid"])
+    return config
+
+
+def config_to_dict(config: OpaqueConfig) -> dict[str, Any]:
+    """The canonical JSON form of a config; ``decode_parameters`` reads it back unchanged."""
+    document: dict[str, Any] = {"apiVersion": API_VERSION, "kind": type(config).__name__}
+    sharing = config.sharing
+    if sharing is not None:
+        encoded: dict[str, Any] = {"strategy": str(sharing.strategy)}
+        if sharing.time_slicing is not None:
+            encoded["timeSlicingConfig"] = {"interval": str(sharing.time_slicing.interval)}
+        if sharing.mps is not None:
+            values = (
+                sharing.mps.default_active_thread_percentage,
+                sharing.mps.default_pinned_device_memory_limit,
+                dict(sharing.mps.default_per_device_pinned_memory_limit) or None,
+            )
+            encoded["mpsConfig"] = {
+                name: value
+                for name, value in zip(_MPS_FIELDS, values, strict=True)
+                if value is not None
+            }
+        document["sharing"] = encoded
+    return document
+
+
+def parse_allocation(
+    allocation: Mapping[str, Any],
+) -> tuple[tuple[AllocationResult, ...], tuple[DeviceConfigEntry, ...]]:
+    """Results and configs from a ResourceClaim's ``status.allocation`` (a JSON object)."""
+    devices = allocation.get("devices") if isinstance(allocation, Mapping) else None
+    if not isinstance(devices, Mapping):
+        raise ConfigError(["allocation.devices: missing or not an object"])
+    problems: list[str] = []
+    results: list[AllocationResult] = []
+    for index, item in enumerate(devices.get("results") or []):
+        fields = [item.get(key) if isinstance(item, Mapping) else None for key in _RESULT_KEYS]
+        if all(isinstance(value, str) and value for value in fields):
+            request, driver, pool, device = map(str, fields)
+            admin = item.get("adminAccess") is True
+            results.append(AllocationResult(request, driver, pool, device, admin))
+        else:
+            problems.append(f"devices.results[{index}]: {', '.join(_RESULT_KEYS)} must be set")
+    configs: list[DeviceConfigEntry] = []
+    for index, item in enumerate(devices.get("config") or []):
+        entry = item if isinstance(item, Mapping) else {}
+        source, requests = entry.get("source"), entry.get("requests") or []
+        opaque = entry["opaque"] if isinstance(entry.get("opaque"), Mapping) else {}
+        config_driver, parameters = opaque.get("driver"), opaque.get("parameters")
+        if source not in _SOURCE_RANK:
+            problems.append(f"devices.config[{index}].source: must be FromClass or FromClaim")
+        elif not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            problems.append(f"devices.config[{index}].requests: must be a list of strings")
+        elif not isinstance(config_driver, str) or not isinstance(parameters, Mapping):
+            problems.append(f"devices.config[{index}].opaque: needs a driver and parameters")
+        else:
+            configs.append(DeviceConfigEntry(source, tuple(requests), config_driver, parameters))
+    if problems:
+        raise ConfigError(problems)
+    return tuple(results), tuple(configs)
+
+
+def effective_configs(
+    allocation_results: Sequence[AllocationResult],
+    configs: Sequence[DeviceConfigEntry],
+    driver_name: str,
+    device_kind_of: Callable[[str, str], DeviceKind | None],
+    *,
+    claim: str = "",
+) -> tuple[EffectiveConfig, ...]:
+    """The config of each result of ``driver_name``, in result order (module docstring).
+
+    ``device_kind_of(pool, device)`` is "gpu", "mig" or None (no such device here). Every
+    config for our driver is decoded, even one applying to no result, so no typo goes
+    unnoticed; all problems are raised as one ``ConfigError`` naming ``claim``."""
+    problems: list[str] = []
+    decoded: list[tuple[int, DeviceConfigEntry, OpaqueConfig]] = []
+    for index, entry in enumerate(configs):
+        if entry.driver != driver_name:
+            continue
+        try:
+            config = decode_parameters(
+                entry.parameters, f"devices.config[{index}].opaque.parameters"
+            )
+        except ConfigError as error:
+            problems.extend(error.problems)
+            continue
+        decoded.append((index, entry, config))
+    chosen: list[EffectiveConfig] = []
+    for position, result in enumerate(allocation_results):
+        if result.driver != driver_name:
+            continue
+        kind = device_kind_of(result.pool, result.device)
+        if kind is None:
+            problems.append(
+                f"devices.results[{position}]: device {result.pool}/{result.device} "
+                "is not a device of this node"
+            )
+            continue
+        best: tuple[tuple[int, bool, int], EffectiveConfig] | None = None
+        for index, entry, config in decoded:
+            exact = result.request in entry.requests
+            specific = exact or result.base_request in entry.requests
+            if entry.requests and not specific:
+                continue
+            if config_kind(config) != kind:
+                if exact:
+                    problems.append(
+                        f"devices.config[{index}]: {type(config).__name__} cannot be applied to "
+                        f"request {result.request!r}: device {result.device} is a {kind} device"
+                        f" (use {type(DEFAULT_CONFIGS[kind]).__name__})"
+                    )
+                continue
+            rank = (_SOURCE_RANK[entry.source], specific, index)
+            if best is None or rank > best[0]:
+                best = (rank, EffectiveConfig(result, kind, config, f"devices.config[{index}]"))
+        chosen.append(
+            best[1] if best else EffectiveConfig(result, kind, DEFAULT_CONFIGS[kind], "default")
+        )
+    if problems:
+        raise ConfigError(problems, claim)
+    return tuple(chosen)
+
+
+_RESULT_KEYS = ("request", "driver", "pool", "device")
+_SHARING_FIELDS = ("strategy", "mpsConfig", "timeSlicingConfig")
+_MPS_FIELDS = (
+    "defaultActiveThreadPercentage",
+    "defaultPinnedDeviceMemoryLimit",
+    "defaultPerDevicePinnedMemoryLimit",
+)
+
+
+class _Decoder:
+    """Walks a parameters object, recording every problem with its full field path."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def config(self, value: Any, path: str) -> OpaqueConfig | None:
+        obj = self._object(value, path, ("apiVersion", "kind", "sharing"))
+        if obj is None:
+            return None
+        api_version, kind = obj.get("apiVersion"), obj.get("kind")
+        if api_version != API_VERSION:
+            self.problems.append(f"{path}.apiVersion: must be {API_VERSION!r}, got {api_version!r}")
+        if kind not in ("GpuConfig", "MigDeviceConfig"):
+            self.problems.append(
+                f"{path}.kind: {kind!r} is not supported (supported: GpuConfig, MigDeviceConfig)"
+            )
+            return None
+        value = obj.get("sharing")
+        sharing = None if value is None else self.sharing(value, f"{path}.sharing", kind)
+        return GpuConfig(sharing) if kind == "GpuConfig" else MigDeviceConfig(sharing)
+
+    def sharing(self, value: Any, path: str, kind: str) -> Sharing | None:
+        allowed = _SHARING_FIELDS if kind == "GpuConfig" else _SHARING_FIELDS[:2]
+        obj = self._object(value, path, allowed)
+        if obj is None:
+            return None
+        strategy = self._enum(SharingStrategy, obj.get("strategy"), f"{path}.strategy")
+        if strategy is None:
+            return None
+        slicing_value, mps_value = obj.get("timeSlicingConfig"), obj.get("mpsConfig")
+        for name, value, needs in (
+            ("timeSlicingConfig", slicing_value, SharingStrategy.TIME_SLICING),
+            ("mpsConfig", mps_value, SharingStrategy.MPS),
+        ):
+            if value is not None and strategy is not needs:
+                self.problems.append(f"{path}.{name}: only allowed with strategy {needs}")
+        slicing: TimeSlicingConfig | None = None  # Sharing fills in the strategy's defaults
+        mps: MpsConfig | None = None
+        if strategy is SharingStrategy.TIME_SLICING and slicing_value is not None:
+            where = f"{path}.timeSlicingConfig"
+            interval = (self._object(slicing_value, where, ("interval",)) or {}).get("interval")
+            if interval is not None:
+                chosen = self._enum(TimeSliceInterval, interval, f"{where}.interval")
+                slicing = TimeSlicingConfig(chosen or TimeSliceInterval.DEFAULT)
+        if strategy is SharingStrategy.MPS and mps_value is not None:
+            mps = self.mps(mps_value, f"{path}.mpsConfig")
+        return Sharing(strategy, slicing, mps)
+
+    def mps(self, value: Any, path: str) -> MpsConfig | None:
+        obj = self._object(value, path, _MPS_FIELDS)
+        if obj is None:
+            return None
+        active_path, limit_field, per_device_field = (f"{path}.{f}" for f in _MPS_FIELDS)
+        percentage = obj.get(_MPS_FIELDS[0])
+        if percentage is not None and (type(percentage) is not int or not 0 <= percentage <= 100):
+            self.problems.append(f"{active_path}: must be an integer 0-100, got {percentage!r}")
+            percentage = None
+        limit = obj.get(_MPS_FIELDS[1])
+        limit = None if limit is None else self._quantity(limit, limit_field)
+        mapping = {} if obj.get(_MPS_FIELDS[2]) is None else obj[_MPS_FIELDS[2]]
+        if not isinstance(mapping, Mapping):
+            self.problems.append(f"{per_device_field}: must be an object, got {mapping!r}")
+            mapping = {}
+        per_device: list[tuple[str, str]] = []
+        for key, quantity in mapping.items():
+            if not (key.isdecimal() or key.startswith(("GPU-", "MIG-"))):
+                self.problems.append(f"{per_device_field}.{key}: not a GPU/MIG UUID or an index")
+            parsed = self._quantity(quantity, f"{per_device_field}.{key}")
+            if parsed is not None:
+                per_device.append((key, parsed))
+        return MpsConfig(percentage, limit, tuple(sorted(per_device)))
+
+    def _quantity(self, value: Any, path: str) -> str | None:
+        try:
+            valid = not isinstance(value, bool) and isinstance(value, str | int)
+            valid = valid and parse_quantity(str(value)) >= 0
+        except InvalidValueError:
+            valid = False
+        if not valid:
+            self.problems.append(
+                f"{path}: must be a non-negative quantity like '8Gi', got {value!r}"
+            )
+            return None
+        return str(value)
+
+    def _object(self, value: Any, path: str, allowed: Sequence[str]) -> Mapping[str, Any] | None:
+        if not isinstance(value, Mapping):
+            self.problems.append(f"{path}: must be an object, got {type(value).__name__}")
+            return None
+        for key in value:
+            if key not in allowed:
+                self.problems.append(f"{path}.{key}: unknown field (known: {', '.join(allowed)})")
+        return value
+
+    def _enum(self, enum: type[_E], value: Any, path: str) -> _E | None:
+        choices = ", ".join(member.value for member in enum)
+        if not isinstance(value, str) or value not in {member.value for member in enum}:
+            self.problems.append(f"{path}: must be one of {choices}, got {value!r}")
+            return None
+        return enum(value)

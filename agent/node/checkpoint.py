@@ -1,0 +1,338 @@
+"""The checkpoint: what the agent prepared, durable enough to undo it after any restart.
+
+The kubelet does not prepare a claim again after an agent-only restart, and unprepare
+carries nothing but the claim's namespace, name and UID (kubelet-dra-protocol.md §2). So
+everything needed to undo a prepare, and to rebuild its CDI spec without the ResourceClaim
+or NVML, is recorded here: per claim its two-phase state (``PrepareStarted`` is written
+before any hardware or file changes, ``PrepareCompleted`` before the kubelet is answered),
+the prepared devices with their UUIDs, minors, MIG instance ids and capability device
+numbers, the effective opaque config and the CDI spec file name.
+
+The document carries a schema version, the node's boot id (a reboot invalidates every
+prepared claim, user-pain.md item 1) and a SHA-256 checksum over the canonical JSON of the
+rest. This module is the pure half: immutable records, strict (de)serialization and the
+update functions. ``checkpoint_store`` reads and writes the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+from agent.dra import cdi
+from agent.dra.config import (
+    ConfigError,
+    DeviceKind,
+    OpaqueConfig,
+    config_kind,
+    config_to_dict,
+    decode_parameters,
+)
+from agent.node.errors import CheckpointFormatError, NodeError
+
+SCHEMA_VERSION = 1
+_BOOT_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
+_SPEC_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.json")
+
+
+class ClaimState(StrEnum):
+    PREPARE_STARTED = "PrepareStarted"
+    PREPARE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """The live MIG instance behind a mig device, and its capability device numbers."""
+
+    parent_uuid: str
+    gi_id: int
+    ci_id: int
+    caps_major: int  # the nvidia-caps major of /proc/devices
+    gi_cap_minor: int  # minor of /dev/nvidia-caps/nvidia-cap<N> for the GPU instance
+    ci_cap_minor: int  # ... and for the compute instance
+
+
+@dataclass(frozen=True)
+class PreparedDevice:
+    """One prepared device: the kubelet's view of it plus what is needed to undo it."""
+
+    requests: tuple[str, ...]  # base request names
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...]
+    kind: DeviceKind
+    uuid: str  # GPU UUID, or MIG UUID for a mig device
+    gpu_minor: int  # /dev/nvidia<minor>; the parent GPU's minor for a mig device
+    config: OpaqueConfig
+    mig: MigInstance | None = None
+
+    def cdi_device(self) -> cdi.ClaimDevice:
+        """The input of ``cdi.claim_spec`` for this device."""
+        caps = None
+        if self.mig is not None:
+            caps = cdi.MigCapabilities(
+                self.mig.caps_major, self.mig.gi_cap_minor, self.mig.ci_cap_minor
+            )
+        return cdi.ClaimDevice(self.device, self.gpu_minor, caps)
+
+
+@dataclass(frozen=True)
+class PreparedClaim:
+    uid: str
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: tuple[PreparedDevice, ...] = ()
+    cdi_spec_file: str | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """All prepared claims of one boot; ``claims`` is read-only, keyed by claim UID."""
+
+    boot_id: str
+    claims: Mapping[str, PreparedClaim] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "claims", MappingProxyType(dict(self.claims)))
+
+    def completed(self) -> tuple[PreparedClaim, ...]:
+        return tuple(c for c in self.claims.values() if c.state is ClaimState.PREPARE_COMPLETED)
+
+
+def mark_started(checkpoint: Checkpoint, uid: str, namespace: str, name: str) -> Checkpoint:
+    """Record that preparing ``uid`` begins; a started claim keeps its recorded devices."""
+    cdi.validate_claim_uid(uid)
+    previous = checkpoint.claims.get(uid)
+    if previous is not None and previous.state is ClaimState.PREPARE_COMPLETED:
+        raise NodeError(f"claim {uid} is already prepared; unprepare it before preparing again")
+    devices = previous.devices if previous is not None else ()
+    claim = PreparedClaim(uid, namespace, name, ClaimState.PREPARE_STARTED, devices)
+    return replace(checkpoint, claims={**checkpoint.claims, uid: claim})
+
+
+def mark_completed(
+    checkpoint: Checkpoint, uid: str, devices: Iterable[PreparedDevice], cdi_spec_file: str
+) -> Checkpoint:
+    """Record that ``uid`` is prepared with ``devices``; it must have been started."""
+    previous = checkpoint.claims.get(uid)
+    if previous is None:
+        raise NodeError(f"claim {uid} was never marked PrepareStarted; record the intent first")
+    claim = replace(
+        previous,
+        state=ClaimState.PREPARE_COMPLETED,
+        devices=tuple(devices),
+        cdi_spec_file=cdi_spec_file,
+    )
+    _check_claim(claim, f"claims.{uid}")
+    return replace(checkpoint, claims={**checkpoint.claims, uid: claim})
+
+
+def remove_claim(checkpoint: Checkpoint, uid: str) -> Checkpoint:
+    """Forget ``uid``; removing an unknown claim returns the checkpoint unchanged."""
+    if uid not in checkpoint.claims:
+        return checkpoint
+    return replace(checkpoint, claims={k: v for k, v in checkpoint.claims.items() if k != uid})
+
+
+def canonical_json(value: Any) -> bytes:
+    """The bytes the checksum covers: sorted keys, no whitespace, ASCII (non-ASCII escaped)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+def checksum(document: Mapping[str, Any]) -> str:
+    """``sha256:<hex>`` over the canonical JSON of ``document`` without its checksum field."""
+    body = {key: value for key, value in document.items() if key != "checksum"}
+    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def to_dict(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The JSON document of a checkpoint, checksum included."""
+    document: dict[str, Any] = {
+        "schemaVersion": SCHEMA_VERSION,
+        "nodeBootID": checkpoint.boot_id,
+        "claims": {uid: _claim_to_dict(claim) for uid, claim in checkpoint.claims.items()},
+    }
+    document["checksum"] = checksum(document)
+    return document
+
+
+def from_dict(document: Any) -> Checkpoint:
+    """Parse and verify a checkpoint document; ``CheckpointFormatError`` says what is wrong."""
+    if not isinstance(document, Mapping):
+        raise CheckpointFormatError("the checkpoint is not a JSON object")
+    version = document.get("schemaVersion")
+    if version != SCHEMA_VERSION:
+        raise CheckpointFormatError(
+            f"schemaVersion {version!r} is not supported (this agent reads {SCHEMA_VERSION}); "
+            "it was written by a different agent version"
+        )
+    if document.get("checksum") != checksum(document):
+        raise CheckpointFormatError(
+            f"checksum mismatch: the file says {document.get('checksum')!r}, "
+            f"its content hashes to {checksum(document)!r}"
+        )
+    _keys(document, "", {"schemaVersion", "nodeBootID", "claims", "checksum"})
+    boot_id = _str(document, "nodeBootID", "")
+    if _BOOT_ID.fullmatch(boot_id) is None:
+        raise CheckpointFormatError(f"nodeBootID: {boot_id!r} is not a boot id")
+    claims = document.get("claims")
+    if not isinstance(claims, Mapping):
+        raise CheckpointFormatError("claims: must be an object keyed by claim UID")
+    return Checkpoint(boot_id, {uid: _claim_from_dict(uid, raw) for uid, raw in claims.items()})
+
+
+def _claim_to_dict(claim: PreparedClaim) -> dict[str, Any]:
+    return {
+        "namespace": claim.namespace,
+        "name": claim.name,
+        "state": str(claim.state),
+        "devices": [_device_to_dict(device) for device in claim.devices],
+        "cdiSpecFile": claim.cdi_spec_file,
+    }
+
+
+def _device_to_dict(device: PreparedDevice) -> dict[str, Any]:
+    mig = None
+    if device.mig is not None:
+        mig = {
+            "parentUUID": device.mig.parent_uuid,
+            "giID": device.mig.gi_id,
+            "ciID": device.mig.ci_id,
+            "capsMajor": device.mig.caps_major,
+            "giCapMinor": device.mig.gi_cap_minor,
+            "ciCapMinor": device.mig.ci_cap_minor,
+        }
+    return {
+        "requests": list(device.requests),
+        "pool": device.pool,
+        "device": device.device,
+        "cdiDeviceIDs": list(device.cdi_device_ids),
+        "kind": device.kind,
+        "uuid": device.uuid,
+        "gpuMinor": device.gpu_minor,
+        "mig": mig,
+        "config": config_to_dict(device.config),
+    }
+
+
+_CLAIM_KEYS = {"namespace", "name", "state", "devices", "cdiSpecFile"}
+_DEVICE_KEYS = {"requests", "pool", "device", "cdiDeviceIDs", "kind", "uuid", "gpuMinor"}
+_MIG_KEYS = {"parentUUID", "giID", "ciID", "capsMajor", "giCapMinor", "ciCapMinor"}
+
+
+def _claim_from_dict(uid: str, raw: Any) -> PreparedClaim:
+    path = f"claims.{uid}"
+    try:
+        cdi.validate_claim_uid(uid)
+    except cdi.InvalidClaimUidError as error:
+        raise CheckpointFormatError(f"{path}: {error}") from None
+    _keys(raw, path, _CLAIM_KEYS)
+    state = raw.get("state")
+    if state not in {member.value for member in ClaimState}:
+        raise CheckpointFormatError(f"{path}.state: {state!r} is not PrepareStarted/Completed")
+    devices = raw.get("devices")
+    if not isinstance(devices, list):
+        raise CheckpointFormatError(f"{path}.devices: must be a list")
+    spec_file = raw.get("cdiSpecFile")
+    if spec_file is not None and not (
+        isinstance(spec_file, str) and _SPEC_FILE.fullmatch(spec_file)
+    ):
+        raise CheckpointFormatError(f"{path}.cdiSpecFile: {spec_file!r} is not a spec file name")
+    claim = PreparedClaim(
+        uid,
+        _str(raw, "namespace", path),
+        _str(raw, "name", path),
+        ClaimState(state),
+        tuple(_device_from_dict(d, f"{path}.devices[{i}]") for i, d in enumerate(devices)),
+        spec_file,
+    )
+    _check_claim(claim, path)
+    return claim
+
+
+def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
+    _keys(raw, path, _DEVICE_KEYS | {"mig", "config"})
+    kind = raw.get("kind")
+    if kind not in ("gpu", "mig"):
+        raise CheckpointFormatError(f"{path}.kind: {kind!r} is neither gpu nor mig")
+    mig = None
+    if raw.get("mig") is not None:
+        _keys(raw["mig"], f"{path}.mig", _MIG_KEYS)
+        mig_path, numbers = f"{path}.mig", sorted(_MIG_KEYS - {"parentUUID"})
+        values = {key: _int(raw["mig"], key, mig_path) for key in numbers}
+        mig = MigInstance(
+            _str(raw["mig"], "parentUUID", mig_path),
+            values["giID"],
+            values["ciID"],
+            values["capsMajor"],
+            values["giCapMinor"],
+            values["ciCapMinor"],
+        )
+    try:
+        config = decode_parameters(raw.get("config") or {}, f"{path}.config")
+    except ConfigError as error:
+        raise CheckpointFormatError("; ".join(error.problems)) from None
+    return PreparedDevice(
+        requests=_strings(raw, "requests", path),
+        pool=_str(raw, "pool", path),
+        device=_str(raw, "device", path),
+        cdi_device_ids=_strings(raw, "cdiDeviceIDs", path),
+        kind="gpu" if kind == "gpu" else "mig",
+        uuid=_str(raw, "uuid", path),
+        gpu_minor=_int(raw, "gpuMinor", path),
+        config=config,
+        mig=mig,
+    )
+
+
+def _check_claim(claim: PreparedClaim, path: str) -> None:
+    """Cross-field rules that the per-field parsing cannot see."""
+    for index, device in enumerate(claim.devices):
+        where = f"{path}.devices[{index}]"
+        prefix = "GPU-" if device.kind == "gpu" else "MIG-"
+        if not device.uuid.startswith(prefix):
+            raise CheckpointFormatError(f"{where}.uuid: a {device.kind} UUID starts with {prefix}")
+        if (device.mig is None) != (device.kind == "gpu"):
+            raise CheckpointFormatError(f"{where}.mig: required for mig devices, only for them")
+        if device.mig is not None and not device.mig.parent_uuid.startswith("GPU-"):
+            raise CheckpointFormatError(f"{where}.mig.parentUUID: must start with GPU-")
+        if config_kind(device.config) != device.kind:
+            raise CheckpointFormatError(f"{where}.config: does not apply to a {device.kind} device")
+        if any("/" in request for request in device.requests):
+            raise CheckpointFormatError(f"{where}.requests: must be base request names")
+
+
+def _keys(raw: Any, path: str, allowed: set[str]) -> None:
+    if not isinstance(raw, Mapping):
+        raise CheckpointFormatError(f"{path or '<root>'}: must be an object")
+    unknown = sorted(set(raw) - allowed)
+    if unknown:
+        raise CheckpointFormatError(f"{path or '<root>'}: unknown field(s) {', '.join(unknown)}")
+
+
+def _str(raw: Mapping[str, Any], key: str, path: str) -> str:
+    value = raw.get(key)
+    if not isinstance(value, str) or not value:
+        raise CheckpointFormatError(f"{path}.{key}: must be a non-empty string".lstrip("."))
+    return value
+
+
+def _int(raw: Mapping[str, Any], key: str, path: str) -> int:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CheckpointFormatError(f"{path}.{key}: must be a non-negative integer")
+    return value
+
+
+def _strings(raw: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
+    value = raw.get(key)
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise CheckpointFormatError(f"{path}.{key}: must be a list of non-empty strings")
+    return tuple(value)

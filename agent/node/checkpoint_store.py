@@ -1,0 +1,149 @@
+"""Reading and writing the checkpoint file, without ever stopping the agent over it.
+
+The incumbent crash-loops on a corrupt checkpoint (user-pain.md item 3) and keeps trusting
+one from before a reboot (item 1). Here ``load`` never raises over the file's content:
+
+- no file: an empty checkpoint (first start on this node);
+- unreadable, not JSON, checksum mismatch, unknown schema version or invalid content: the
+  file is moved aside as ``<file>.corrupt-<UTC timestamp>`` (kept for a post-mortem) and an
+  empty checkpoint is returned with the reason, so the caller can post a Warning Event on
+  the Node and rebuild its state from the CDI directory and the hardware;
+- written during another boot: the node rebooted, so nothing it records is prepared any
+  more; the file is archived as ``<file>.boot-<oldBootID>`` and its claims are reported as
+  untrusted, for the caller to clean up (MIG instances, CDI files) and log.
+
+The file is ``<plugins-dir>/<driver>/gpu-dra-agent-checkpoint.json``: our own name, so the
+incumbent's ``checkpoint.json`` is never misread or clobbered when a node switches drivers.
+Methods block; async callers run them in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from agent.node import durable
+from agent.node.checkpoint import Checkpoint, PreparedClaim, from_dict, to_dict
+from agent.node.errors import CheckpointFormatError, NodeError
+
+FILE_NAME = "gpu-dra-agent-checkpoint.json"
+FILE_MODE = 0o600
+
+
+class LoadStatus(StrEnum):
+    LOADED = "loaded"
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+    PREVIOUS_BOOT = "previous-boot"
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """The checkpoint to start from, and what happened to the file on disk.
+
+    ``reason`` explains a CORRUPT or PREVIOUS_BOOT result in words fit for an Event;
+    ``moved_to`` is where the old file went; ``untrusted_claims`` are the claims of a
+    previous boot (not prepared any more; their leftovers should be cleaned up).
+    """
+
+    checkpoint: Checkpoint
+    status: LoadStatus
+    reason: str = ""
+    moved_to: Path | None = None
+    untrusted_claims: Mapping[str, PreparedClaim] = field(default_factory=dict)
+
+
+class CheckpointStore:
+    """The checkpoint file of one driver, for the current boot ``boot_id``."""
+
+    def __init__(
+        self,
+        directory: Path,
+        boot_id: str,
+        *,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / FILE_NAME
+        self.boot_id = boot_id
+        self._clock = clock
+
+    def empty(self) -> Checkpoint:
+        return Checkpoint(self.boot_id)
+
+    def load(self) -> LoadResult:
+        """Read the checkpoint (see the module docstring for every outcome); never raises
+        over the file's content."""
+        with suppress(OSError):  # a leftover temporary is harmless; reading decides the rest
+            durable.clean_temporaries(self.directory)
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return LoadResult(self.empty(), LoadStatus.MISSING)
+        except OSError as error:
+            return self._quarantine(f"the checkpoint {self.path} is unreadable: {error}")
+        try:
+            document = json.loads(data)
+        except (ValueError, RecursionError) as error:  # ValueError includes UnicodeDecodeError
+            return self._quarantine(f"the checkpoint {self.path} is not valid JSON: {error}")
+        try:
+            checkpoint = from_dict(document)
+        except CheckpointFormatError as error:
+            return self._quarantine(f"the checkpoint {self.path} is invalid: {error}")
+        if checkpoint.boot_id != self.boot_id:
+            return self._archive(checkpoint)
+        return LoadResult(checkpoint, LoadStatus.LOADED)
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Write ``checkpoint`` atomically and durably (file and directory fsynced)."""
+        if checkpoint.boot_id != self.boot_id:
+            raise NodeError(
+                f"refusing to save a checkpoint of boot {checkpoint.boot_id} during boot "
+                f"{self.boot_id}"
+            )
+        data = (json.dumps(to_dict(checkpoint), indent=2, sort_keys=True) + "\n").encode()
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            durable.write_atomic(self.path, data, FILE_MODE)
+        except OSError as error:
+            raise NodeError(
+                f"could not write the checkpoint {self.path}: {error}; the claim cannot be "
+                "prepared until the plugin directory is writable"
+            ) from error
+
+    def _quarantine(self, reason: str) -> LoadResult:
+        stamp = self._clock().astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+        target = self.path.with_name(f"{FILE_NAME}.corrupt-{stamp}")
+        counter = 1
+        while target.exists():
+            target = self.path.with_name(f"{FILE_NAME}.corrupt-{stamp}-{counter}")
+            counter += 1
+        moved = self._move(target)
+        if moved is None:
+            reason += "; it could not be moved aside and will be overwritten"
+        else:
+            reason += f"; moved aside to {moved.name}, starting with an empty checkpoint"
+        return LoadResult(self.empty(), LoadStatus.CORRUPT, reason, moved)
+
+    def _archive(self, old: Checkpoint) -> LoadResult:
+        target = self.path.with_name(f"{FILE_NAME}.boot-{old.boot_id}")
+        moved = self._move(target)
+        reason = (
+            f"the checkpoint was written during boot {old.boot_id}, this is boot {self.boot_id}: "
+            f"the node rebooted, so its {len(old.claims)} claim(s) are not prepared any more"
+        )
+        if moved is not None:
+            reason += f"; archived as {moved.name}"
+        return LoadResult(self.empty(), LoadStatus.PREVIOUS_BOOT, reason, moved, old.claims)
+
+    def _move(self, target: Path) -> Path | None:
+        try:
+            durable.move_durable(self.path, target)
+        except OSError:
+            return None
+        return target
