@@ -1,0 +1,203 @@
+"""The simulated NVML library object: NVML's C functions as attributes, plus fault injection.
+
+``pynvml`` looks every C function up with ``getattr(pynvml.nvmlLib, name)``; this object answers
+those lookups with callables that take the same ctypes arguments as ``libnvidia-ml.so.1`` and
+return NVML return codes. Tests and the simulation mode inject faults through the Python methods
+(``inject_xid``, ``lose_gpu``, ``fail_next``, ...), which are safe to call from any thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+import pynvml
+
+from agent.hardware.simulated import capi_device, capi_events, capi_mig
+from agent.hardware.simulated.events import (
+    EVENT_DOUBLE_BIT_ECC,
+    EVENT_SINGLE_BIT_ECC,
+    EVENT_XID_CRITICAL,
+    NO_INSTANCE,
+    SimEvent,
+    SimEventSet,
+)
+from agent.hardware.simulated.profile import HostProfile
+from agent.hardware.simulated.state import (
+    NVML_ERROR_GPU_IS_LOST,
+    NVML_ERROR_INVALID_ARGUMENT,
+    NVML_ERROR_UNINITIALIZED,
+    NVML_SUCCESS,
+    HostState,
+    NvmlReturn,
+    SimComputeInstance,
+    SimGpu,
+    SimGpuInstance,
+    SimMigDevice,
+)
+
+CFunctionImpl = Callable[..., Any]
+_NEEDS_NO_INIT = {"nvmlInit_v2", "nvmlInitWithFlags", "nvmlErrorString"}
+
+
+class CFunction:
+    """One simulated C function; an object (not a method) so pynvml may set ``restype`` on it."""
+
+    def __init__(self, library: SimulatedNvmlLibrary, name: str, impl: CFunctionImpl) -> None:
+        self.library = library
+        self.name = name
+        self.impl = impl
+        self.restype: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        return self.library._dispatch(self.name, self.impl, args)
+
+    def __repr__(self) -> str:
+        return f"<simulated NVML function {self.name}>"
+
+
+class SimulatedNvmlLibrary:
+    """A stateful stand-in for ``libnvidia-ml.so.1`` built from a host profile."""
+
+    def __init__(self, profile: HostProfile) -> None:
+        self.profile = profile
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.state = HostState(profile)
+        self.init_count = 0
+        self.calls: Counter[str] = Counter()
+        self._failures: dict[str, deque[int]] = {}
+        self._latency: dict[str | None, float] = {}
+        self._mig_listeners: list[Callable[[], None]] = []
+        for module in (capi_device, capi_mig, capi_events):
+            for name, impl in module.FUNCTIONS.items():
+                setattr(self, name, CFunction(self, name, impl))
+
+    # -- fault and event injection (any thread) -------------------------------------------------
+
+    def inject_xid(
+        self,
+        gpu_index: int,
+        xid: int,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> int:
+        """Deliver an XID critical-error event; returns how many event sets received it."""
+        return self.inject_event(
+            gpu_index, EVENT_XID_CRITICAL, xid, gpu_instance_id, compute_instance_id
+        )
+
+    def inject_ecc(self, gpu_index: int, double_bit: bool = True) -> int:
+        """Deliver a double-bit (default) or single-bit ECC error event."""
+        kind = EVENT_DOUBLE_BIT_ECC if double_bit else EVENT_SINGLE_BIT_ECC
+        return self.inject_event(gpu_index, kind, 0)
+
+    def inject_event(
+        self,
+        gpu_index: int,
+        event_type: int,
+        data: int,
+        gpu_instance_id: int | None = None,
+        compute_instance_id: int | None = None,
+    ) -> int:
+        """Deliver any event to every event set registered for it on that GPU."""
+        with self.lock:
+            gpu = self.state.gpus[gpu_index]
+            event = SimEvent(
+                gpu,
+                event_type,
+                data,
+                NO_INSTANCE if gpu_instance_id is None else gpu_instance_id,
+                NO_INSTANCE if compute_instance_id is None else compute_instance_id,
+            )
+            delivered = 0
+            for event_set in self._event_sets():
+                if event_set.registrations.get(gpu.handle, 0) & event_type:
+                    event_set.pending.append(event)
+                    delivered += 1
+            self.changed.notify_all()
+            return delivered
+
+    def lose_gpu(self, gpu_index: int) -> None:
+        """Make the GPU fall off the bus: its calls and event waits return GPU_IS_LOST."""
+        with self.lock:
+            self.state.gpus[gpu_index].lost = True
+            self.changed.notify_all()
+
+    def recover_gpu(self, gpu_index: int) -> None:
+        """Bring a lost GPU back (as after a reset)."""
+        with self.lock:
+            self.state.gpus[gpu_index].lost = False
+            self.changed.notify_all()
+
+    def fail_next(self, function: str, error: int, count: int = 1) -> None:
+        """Make the next ``count`` calls of the C function ``function`` return ``error``."""
+        with self.lock:
+            self._failures.setdefault(function, deque()).extend([error] * count)
+
+    def set_latency(self, seconds: float, function: str | None = None) -> None:
+        """Delay every call (``function=None``) or the calls of one C function."""
+        with self.lock:
+            self._latency[function] = seconds
+
+    def remove_function(self, function: str) -> None:
+        """Drop a C function, as an older driver lacks it: pynvml then raises FUNCTION_NOT_FOUND."""
+        with self.lock:
+            if isinstance(getattr(self, function, None), CFunction):
+                delattr(self, function)
+            pynvml._nvmlGetFunctionPointer_cache.pop(function, None)
+
+    def add_mig_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (under the library lock) after every MIG instance change."""
+        with self.lock:
+            self._mig_listeners.append(listener)
+
+    # -- used by the C functions ----------------------------------------------------------------
+
+    def mig_changed(self) -> None:
+        for listener in self._mig_listeners:
+            listener()
+
+    def resolve(self, handle: int) -> object:
+        obj = self.state.handles.get(handle)
+        if obj is None:
+            raise NvmlReturn(NVML_ERROR_INVALID_ARGUMENT)
+        gpu = _owning_gpu(obj)
+        if gpu is not None and gpu.lost:
+            raise NvmlReturn(NVML_ERROR_GPU_IS_LOST)
+        return obj
+
+    def _event_sets(self) -> list[SimEventSet]:
+        return [obj for obj in self.state.handles._objects.values() if isinstance(obj, SimEventSet)]
+
+    def _dispatch(self, name: str, impl: CFunctionImpl, args: tuple[Any, ...]) -> Any:
+        delay = self._latency.get(name, self._latency.get(None, 0.0))
+        if delay:
+            time.sleep(delay)
+        with self.lock:
+            self.calls[name] += 1
+            failures = self._failures.get(name)
+            if failures:
+                return failures.popleft()
+            if name not in _NEEDS_NO_INIT and self.init_count == 0:
+                return NVML_ERROR_UNINITIALIZED
+            try:
+                result = impl(self, *args)
+            except NvmlReturn as returned:
+                return returned.code
+            return NVML_SUCCESS if result is None else result
+
+
+def _owning_gpu(obj: object) -> SimGpu | None:
+    if isinstance(obj, SimGpu):
+        return obj
+    if isinstance(obj, SimMigDevice):
+        return obj.gpu
+    if isinstance(obj, SimGpuInstance):
+        return obj.gpu
+    if isinstance(obj, SimComputeInstance):
+        return obj.gpu_instance.gpu
+    return None

@@ -1,0 +1,1 @@
+"""The Kubernetes API side: the shared API client, claim reads, slices, events."""

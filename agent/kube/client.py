@@ -1,0 +1,47 @@
+"""The one shared Kubernetes API client of the agent.
+
+kubernetes-asyncio is imported here and in the modules that talk to the API server, never
+at CLI start-up: importing its client costs most of a second.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from agent.errors import AgentError
+
+log = logging.getLogger(__name__)
+
+
+class KubeConfigError(AgentError):
+    """No usable Kubernetes client configuration."""
+
+
+async def create_api_client(kubeconfig: Path | None) -> Any:
+    """An ``ApiClient`` from a kubeconfig file, or from the in-cluster service account.
+
+    The caller owns it and must ``await client.close()``.
+    """
+    from kubernetes_asyncio import client, config
+    from kubernetes_asyncio.config.config_exception import ConfigException
+
+    configuration = client.Configuration()
+    try:
+        if kubeconfig is not None:
+            if not kubeconfig.is_file():
+                raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist or is not a file")
+            await config.load_kube_config(
+                config_file=str(kubeconfig), client_configuration=configuration
+            )
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except ConfigException as err:
+        where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
+        raise KubeConfigError(
+            f"cannot load Kubernetes configuration from {where}: {err}; pass --kubeconfig "
+            "(or KUBECONFIG) outside a cluster"
+        ) from err
+    log.debug("kubernetes API at %s", configuration.host)
+    return client.ApiClient(configuration)

@@ -1,0 +1,1 @@
+"""Telemetry: OpenTelemetry tracing (and, later, metrics)."""
