@@ -69,6 +69,23 @@ def _register_events(count: int) -> list[str]:
     return results
 
 
+def slice_summary(inventory: Inventory) -> list[str]:
+    """Build the DRA devices and ResourceSlices exactly as the agent would (this raises if any
+    API limit is broken) and summarize them. The smoke check is a tool over every read path, so
+    it reaches up into the pure DRA model; nothing in the hardware layer proper does."""
+    from agent.dra import build_device_set, build_slices
+
+    device_set = build_device_set(inventory)
+    slices = build_slices(device_set.devices, node_name="smoke-check", driver_name="gpu.nvidia.com")
+    lines = [
+        f"ResourceSlices: {len(slices)} slice(s), {len(device_set.devices)} device(s), "
+        "within the API limits"
+    ]
+    lines += [f"  not published: {d.device} {d.attribute}: {d.reason}" for d in device_set.dropped]
+    lines += [f"  MIG enabled without MIG devices: {uuid}" for uuid in device_set.stranded_gpus]
+    return lines
+
+
 async def run_smoke(simulate: str | None, host_root: Path) -> int:
     """Run every step, print its result, return the process exit status."""
     async with nvml_session(simulate, host_root) as session:
@@ -76,6 +93,7 @@ async def run_smoke(simulate: str | None, host_root: Path) -> int:
         print("NVML initialized" + (f" (simulated {simulate})" if simulate else ""))
         inventory = await discover(nvml, host_root)
         print("\n".join(summarize(inventory)))
+        print("\n".join(slice_summary(inventory)))
         lines = await nvml.run(_register_events, len(inventory.gpus))
         print("\n".join(lines))
         return 1 if any("FAILED" in line for line in lines) else 0
