@@ -10,6 +10,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from agent.errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -28,15 +30,16 @@ async def create_api_client(kubeconfig: Path | None) -> Any:
     from kubernetes_asyncio.config.config_exception import ConfigException
 
     configuration = client.Configuration()
+    is_file = kubeconfig is not None and await anyio.Path(kubeconfig).is_file()
     try:
         if kubeconfig is not None:
-            if not kubeconfig.is_file():
+            if not is_file:
                 raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist or is not a file")
             await config.load_kube_config(
                 config_file=str(kubeconfig), client_configuration=configuration
             )
         else:
-            config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except ConfigException as err:
         where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
         raise KubeConfigError(

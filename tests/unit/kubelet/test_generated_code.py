@@ -52,7 +52,7 @@ def test_field_numbers_match_the_kubelet_contract() -> None:
         request_names=["r"], pool_name="p", device_name="d", cdi_device_ids=["c"], share_id="s"
     )
     # field 1..5, wire type 2 (length-delimited): tags 0x0a 0x12 0x1a 0x22 0x2a
-    assert bytes(device) == bytes.fromhex("0a0172" "120170" "1a0164" "220163" "2a0173")
+    assert bytes(device) == bytes.fromhex("0a01721201701a01642201632a0173")
     health = api.health_v1alpha1.DeviceHealth(
         health=api.health_v1alpha1.HealthStatus.UNHEALTHY,
         last_updated_time=7,
@@ -60,8 +60,8 @@ def test_field_numbers_match_the_kubelet_contract() -> None:
         message="m",
     )
     # field 2 enum (0x10), 3 int64 (0x18), 4 int64 (0x20), 5 string (0x2a)
-    assert bytes(health) == bytes.fromhex("1002" "1807" "201e" "2a016d")
+    assert bytes(health) == bytes.fromhex("10021807201e2a016d")
     info = api.pluginregistration.PluginInfo(
         type="t", name="n", endpoint="e", supported_versions=["v"]
     )
-    assert bytes(info) == bytes.fromhex("0a0174" "12016e" "1a0165" "220176")
+    assert bytes(info) == bytes.fromhex("0a017412016e1a0165220176")

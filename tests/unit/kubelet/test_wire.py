@@ -11,8 +11,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import subprocess
-import tempfile
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -45,7 +45,14 @@ def protobuf_modules(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[
     out = tmp_path_factory.mktemp("pb")
     files = sorted(BETTERPROTO_MODULES)
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={out}", *files],
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"--python_out={out}",
+            *files,
+        ],
         check=True,
         cwd=PROTO_DIR,
     )
@@ -74,7 +81,14 @@ def _protobuf_dra_v1() -> ModuleType:
     if "dra" not in _PB_CACHE:
         out = Path(tempfile.mkdtemp(prefix="pbwire"))
         subprocess.run(
-            [sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={out}", "dra/v1/api.proto"],
+            [
+                sys.executable,
+                "-m",
+                "grpc_tools.protoc",
+                f"-I{PROTO_DIR}",
+                f"--python_out={out}",
+                "dra/v1/api.proto",
+            ],
             check=True,
             cwd=PROTO_DIR,
         )
