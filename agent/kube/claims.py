@@ -1,0 +1,143 @@
+"""Read ResourceClaims on the prepare hot path, as raw JSON.
+
+The kubelet hands a prepare request only a claim's namespace, name and uid; everything else
+(the allocation, the opaque configs) comes from one GET of the claim. That GET is part of
+every prepare's latency, so it uses the shared kubernetes-asyncio ``ApiClient``'s connection
+pool, TLS settings and credentials but none of its per-request machinery:
+
+- no generated models: the body is parsed with ``json.loads`` into a plain dict, several
+  times faster than model deserialization, and fields the library does not know survive;
+- no ``trust_env`` lookups: the library's session re-reads the proxy variables and
+  ``~/.netrc`` on every request, which tripled the cost of a GET (0.45 ms instead of
+  0.13 ms on loopback). We resolve the proxy once, at construction, with the same rules.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from typing import Any, Protocol
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+
+from agent.errors import AgentError
+from agent.telemetry.tracing import tracer
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+DEFAULT_TIMEOUT_S = 10.0
+
+
+class ClaimReadError(AgentError):
+    """A ResourceClaim could not be read; ``status`` is the HTTP status (0: no response)."""
+
+    def __init__(self, namespace: str, name: str, status: int, detail: str) -> None:
+        self.namespace = namespace
+        self.name = name
+        self.status = status
+        super().__init__(f"cannot read ResourceClaim {namespace}/{name}: {detail}")
+
+
+class ClaimNotFound(ClaimReadError):
+    """The ResourceClaim does not exist (deleted, or the kubelet's view is stale)."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(
+            namespace,
+            name,
+            404,
+            "it does not exist (it was deleted, or the pod's claim was never created)",
+        )
+
+
+class ClaimReader(Protocol):
+    """What the prepare engine needs: one claim by namespace and name, as a JSON dict."""
+
+    async def read(self, namespace: str, name: str) -> Obj: ...
+
+
+class ApiClaimReader:
+    """Reads claims through the connection pool of a kubernetes-asyncio ``ApiClient``.
+
+    The caller owns the ``ApiClient``; :meth:`close` releases only this reader's session.
+    """
+
+    def __init__(self, api_client: Any, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        configuration = api_client.configuration
+        shared = api_client.rest_client.pool_manager
+        self._configuration = configuration
+        self._host = str(configuration.host).rstrip("/")
+        self._proxy = configuration.proxy or _environment_proxy(self._host)
+        self._session = aiohttp.ClientSession(
+            connector=shared.connector, connector_owner=False, trust_env=False
+        )
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def read(self, namespace: str, name: str) -> Obj:
+        """GET the claim; raises :class:`ClaimNotFound` or :class:`ClaimReadError`."""
+        with tracer().start_as_current_span("resourceclaim.get") as span:
+            span.set_attribute("k8s.namespace.name", namespace)
+            span.set_attribute("k8s.resourceclaim.name", name)
+            status, body = await self._get(namespace, name)
+            span.set_attribute("http.response.status_code", status)
+        if status == 404:
+            raise ClaimNotFound(namespace, name)
+        if not 200 <= status < 300:
+            raise ClaimReadError(namespace, name, status, _status_detail(status, body))
+        try:
+            claim = json.loads(body)
+        except ValueError as error:
+            raise ClaimReadError(
+                namespace, name, status, f"the API server answered invalid JSON ({error})"
+            ) from None
+        if not isinstance(claim, dict):
+            raise ClaimReadError(namespace, name, status, "the API server answered a non-object")
+        return claim
+
+    async def _get(self, namespace: str, name: str) -> tuple[int, bytes]:
+        path = CLAIM_PATH.format(namespace=quote(namespace, safe=""), name=quote(name, safe=""))
+        headers = {"Accept": "application/json"}
+        # auth_settings() runs the configuration's token refresh hook (rotated SA tokens).
+        for setting in (await self._configuration.auth_settings()).values():
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"]] = setting["value"]
+        try:
+            async with self._session.get(
+                self._host + path, headers=headers, timeout=self._timeout, proxy=self._proxy
+            ) as response:
+                return response.status, await response.read()
+        except TimeoutError:
+            raise ClaimReadError(
+                namespace, name, 0, f"no answer from the API server within {self._timeout_s:g} s"
+            ) from None
+        except aiohttp.ClientError as error:
+            raise ClaimReadError(
+                namespace, name, 0, f"the API server is unreachable ({error})"
+            ) from None
+
+
+def _environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for ``url`` (``HTTPS_PROXY``, ``NO_PROXY``, ...)."""
+    parts = urlsplit(url)
+    if parts.hostname is None or urllib.request.proxy_bypass(parts.hostname):
+        return None
+    proxy: str | None = urllib.request.getproxies().get(parts.scheme)
+    return proxy
+
+
+def _status_detail(status: int, body: bytes) -> str:
+    """The API server's ``Status`` message, if the body is one."""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    text = message if isinstance(message, str) and message else body[:200].decode(errors="replace")
+    return f"the API server answered {status}: {text}"

@@ -1,0 +1,217 @@
+"""One prepare request's new claims: two checkpoint writes, whatever the number of claims.
+
+The claims of a request that are not prepared yet go through three steps:
+
+1. *Intent*: they are recorded as ``PrepareStarted`` (in memory), and that checkpoint write
+   starts at once, concurrently with everything else: a started entry needs only the
+   claim's identity, which the kubelet sent, not the ResourceClaim.
+2. *Per claim, concurrently*: GET the claim and plan it (the engine's ``planner``), check
+   and reserve its devices (no ``await`` in between, so two requests can never both take
+   a device), write its CDI spec. Spec files and the checkpoint are different files, so a
+   crash between their writes is repaired at startup (``reconcile``): a spec no entry owns
+   is deleted, a started claim is rolled back.
+3. *Completion*: one ``PrepareCompleted`` write for every claim whose spec is on disk (it
+   also drops the started entries of the claims that failed), and only then the answers.
+
+So the critical path of a one-claim prepare is max(GET + spec write, intent write) + one
+checkpoint write. A claim's failure fails that claim only; a failed checkpoint write fails
+the batch, and the in-memory checkpoint is put back to what is on disk, so nothing is
+answered as prepared that a crash could take back. Claims already completed (adopted after
+a corrupt checkpoint, see ``reconcile``) keep their entry until step 3 replaces it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+import anyio
+from opentelemetry import trace
+
+from agent.dra import cdi
+from agent.node import checkpoint as cp
+from agent.node.cdi import CdiSpecDirectory
+from agent.node.commit import CheckpointCommitter, restore_claim
+from agent.node.crash import crash_point
+from agent.node.errors import NodeError
+from agent.node.facts import claim_spec
+from agent.node.holders import DeviceHolders, Prepared
+from agent.node.plan import PrepareRefused
+from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
+from agent.telemetry.tracing import tracer
+
+#: A planned claim: its device records and the names of its adminAccess devices.
+Planned = tuple[Prepared, frozenset[str]]
+Planner = Callable[[ClaimRef], Awaitable[Planned]]
+
+
+def answer(devices: Prepared) -> ClaimPrepareResult:
+    """The kubelet's view of prepared devices."""
+    return ClaimPrepareResult(
+        devices=tuple(
+            PreparedDeviceResult(d.requests, d.pool, d.device, d.cdi_device_ids) for d in devices
+        )
+    )
+
+
+async def write_spec(
+    specs: CdiSpecDirectory, uid: str, devices: Prepared, *, ensure: bool = False
+) -> None:
+    """Write a claim's CDI spec (``ensure``: only if missing or different); traced."""
+    spec = claim_spec(specs.driver, uid, devices)
+    with tracer().start_as_current_span("cdi.write") as span:
+        span.set_attribute("claim.uid", uid)
+        if ensure:
+            path = specs.claim_path(uid)
+            written = await anyio.to_thread.run_sync(specs.ensure, path, spec)
+            span.set_attribute("cdi.rewritten", written)
+        else:
+            await anyio.to_thread.run_sync(specs.write_claim, uid, spec)
+
+
+class PrepareBatch:
+    """Steps 1-3 of the module docstring for ``refs`` (claims with valid UIDs)."""
+
+    def __init__(
+        self,
+        state: CheckpointCommitter,
+        specs: CdiSpecDirectory,
+        holders: DeviceHolders,
+        planner: Planner,
+        spans: Mapping[str, trace.Span],
+    ) -> None:
+        self._state = state
+        self._specs = specs
+        self._holders = holders
+        self._planner = planner
+        self._spans = spans
+        self._refs: dict[str, ClaimRef] = {}
+        self._previous: dict[str, cp.PreparedClaim | None] = {}
+        self._written: dict[str, Prepared] = {}  # claims whose spec is on disk
+        self._failures: dict[str, str] = {}
+        self._commit_error: str | None = None
+
+    async def run(self, refs: Sequence[ClaimRef], results: dict[str, ClaimPrepareResult]) -> None:
+        """Prepare ``refs``, filling ``results`` for each of them."""
+        checkpoint = self._state.checkpoint
+        intent = False
+        for ref in refs:
+            self._refs[ref.uid] = ref
+            entry = self._previous[ref.uid] = checkpoint.claims.get(ref.uid)
+            if entry is None or entry.state is cp.ClaimState.PREPARE_STARTED:
+                checkpoint = cp.mark_started(checkpoint, ref.uid, ref.namespace, ref.name)
+                intent = True
+        self._state.update(checkpoint)
+        try:
+            async with anyio.create_task_group() as group:
+                if intent:
+                    group.start_soon(self._commit_started)
+                for ref in refs:
+                    group.start_soon(self._claim, ref)
+        except BaseException:  # cancelled (the kubelet's deadline) or a bug
+            with anyio.CancelScope(shield=True):
+                await self._restore(list(self._previous))
+                if intent:  # take the started entries off the disk again
+                    with contextlib.suppress(NodeError):
+                        await self._state.commit()
+            raise
+        with anyio.CancelScope(shield=True):
+            await self._complete(intent, results)
+
+    async def _claim(self, ref: ClaimRef) -> None:
+        with trace.use_span(self._spans[ref.uid], end_on_exit=False):
+            try:
+                devices, admin = await self._planner(ref)
+            except PrepareRefused as error:
+                self._failures[ref.uid] = str(error)
+                return
+            holders = self._holders.holders(self._state.checkpoint)
+            conflict = self._holders.conflict(
+                ref.uid, devices, admin, holders, self._state.checkpoint
+            )
+            if conflict is not None:
+                self._failures[ref.uid] = conflict
+                return
+            self._holders.reserve(ref.uid, devices, admin)
+            try:
+                with anyio.CancelScope(shield=True):
+                    await write_spec(self._specs, ref.uid, devices)
+            except (NodeError, cdi.CdiSpecError) as error:
+                self._failures[ref.uid] = str(error)
+                return
+        self._written[ref.uid] = devices
+        crash_point("after-cdi-write")
+
+    async def _commit_started(self) -> None:
+        try:
+            await self._state.commit()
+        except NodeError as error:
+            self._commit_error = str(error)
+            return
+        crash_point("after-prepare-started")
+
+    async def _complete(self, intent: bool, results: dict[str, ClaimPrepareResult]) -> None:
+        if self._commit_error is not None:
+            await self._restore(list(self._previous))
+            for uid in self._previous:
+                results[uid] = ClaimPrepareResult(error=self._commit_error)
+            return
+        for uid, error in self._failures.items():
+            results[uid] = ClaimPrepareResult(error=error)
+        await self._restore(list(self._failures))
+        checkpoint = self._state.checkpoint
+        for uid, devices in self._written.items():
+            checkpoint = self._started(checkpoint, uid)
+            spec_file = self._specs.claim_path(uid).name
+            checkpoint = cp.mark_completed(checkpoint, uid, devices, spec_file)
+        self._state.update(checkpoint)
+        if not self._written and not intent:
+            return
+        try:
+            await self._state.commit()
+        except NodeError as error:
+            await self._restore(list(self._written), keep_started=True)
+            for uid in self._written:
+                results[uid] = ClaimPrepareResult(error=str(error))
+            return
+        crash_point("after-prepare-completed")
+        for uid, devices in self._written.items():
+            results[uid] = answer(devices)
+            self._holders.settle(uid, prepared=True)
+
+    def _started(self, checkpoint: cp.Checkpoint, uid: str) -> cp.Checkpoint:
+        """``checkpoint`` with ``uid`` started under the name the kubelet gave."""
+        ref = self._refs[uid]
+        checkpoint = cp.remove_claim(checkpoint, uid)
+        return cp.mark_started(checkpoint, uid, ref.namespace, ref.name)
+
+    async def _restore(self, uids: list[str], *, keep_started: bool = False) -> None:
+        """Put back the entries ``uids`` had before the batch and end their reservations.
+
+        ``keep_started`` (after a failed completion write, when new claims are started on
+        disk): leave them started in memory too, and keep their specs for the retry. Else a
+        spec that nobody owns any more is removed (a leftover is removed at the next start).
+        """
+        checkpoint = self._state.checkpoint
+        for uid in uids:
+            self._holders.settle(uid, prepared=False)
+            before = self._previous.get(uid)
+            checkpoint = cp.remove_claim(checkpoint, uid)
+            if before is not None and before.state is cp.ClaimState.PREPARE_COMPLETED:
+                checkpoint = restore_claim(checkpoint, before)  # adopted: still on disk
+            elif keep_started:
+                checkpoint = self._started(checkpoint, uid)
+            elif before is not None:
+                checkpoint = restore_claim(checkpoint, before)
+        self._state.update(checkpoint)
+        if keep_started:
+            return
+        for uid in uids:
+            before = self._previous.get(uid)
+            if before is not None and before.state is cp.ClaimState.PREPARE_COMPLETED:
+                continue  # its old spec must stay (a write replaces it atomically)
+            if uid in self._written:
+                try:
+                    await anyio.to_thread.run_sync(self._specs.remove_claim, uid)
+                except NodeError:
+                    pass  # an orphan spec is removed at the next start

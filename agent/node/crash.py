@@ -1,0 +1,55 @@
+"""Deliberate crash points, so tests can prove that every step of a prepare is recoverable.
+
+The engine's durability argument ("a crash between any two writes is repaired at the next
+start") is only worth something if it is exercised. Setting ``GPU_DRA_AGENT_CRASH_AT`` to
+one of :data:`CRASH_POINTS` makes the process die with ``os._exit(137)`` (what SIGKILL
+looks like to a parent) at that step: no ``finally`` blocks, no flushed buffers, exactly
+like a power cut as far as the agent's own files are concerned. The variable is read once
+at import; when it is unset :func:`crash_point` is a comparison against ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Final, Literal
+
+ENV_VAR: Final = "GPU_DRA_AGENT_CRASH_AT"
+CrashPoint = Literal[
+    "after-claim-read",
+    "after-prepare-started",
+    "after-cdi-write",
+    "after-prepare-completed",
+    "unprepare-after-cdi-remove",
+    "unprepare-after-checkpoint",
+]
+CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (
+    "after-claim-read",
+    "after-prepare-started",
+    "after-cdi-write",
+    "after-prepare-completed",
+    "unprepare-after-cdi-remove",
+    "unprepare-after-checkpoint",
+)
+EXIT_STATUS: Final = 137
+
+
+def _armed(value: str | None) -> str | None:
+    if not value:
+        return None
+    if value not in CRASH_POINTS:
+        raise SystemExit(
+            f"{ENV_VAR}={value!r} is not a crash point; use one of {', '.join(CRASH_POINTS)}"
+        )
+    return value
+
+
+_ARMED: Final = _armed(os.environ.get(ENV_VAR))
+
+
+def crash_point(point: CrashPoint) -> None:
+    """Die here if ``GPU_DRA_AGENT_CRASH_AT`` names ``point``."""
+    if _ARMED is not None and _ARMED == point:
+        sys.stderr.write(f"gpu-dra-agent: crashing at {point} ({ENV_VAR})\n")
+        sys.stderr.flush()
+        os._exit(EXIT_STATUS)

@@ -1,0 +1,125 @@
+"""The host facts a prepared device is recorded with, read once so prepare does no host I/O.
+
+A checkpoint entry must be enough to rebuild a claim's CDI spec without NVML or the
+ResourceClaim (``agent.node.checkpoint``): the device's UUID, its GPU minor and, for a MIG
+device, the GPU and compute instance ids and the ``nvidia-caps`` device numbers of their
+capability files. Those come from the inventory and from ``/proc``, which do not change while
+the agent runs with a given inventory, so :class:`HostFacts` reads them when the engine
+starts; the hot path only looks them up. It also builds the driver's common CDI spec (the
+control device nodes and driver files that exist on the host).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agent.dra import cdi
+from agent.hardware.hostfiles import HostFiles
+from agent.hardware.inventory import Inventory
+from agent.node.checkpoint import MigInstance, PreparedDevice
+from agent.node.plan import NodeDevice, PlannedDevice, PrepareRefused, node_devices
+
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# Driver files a CUDA container needs, relative to the driver root.
+LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64")
+LIBRARY_PREFIXES = ("libnvidia-", "libcuda.so", "libcudadebugger.so", "libnvcuvid.so")
+BINARY_DIR = "usr/bin"
+BINARIES = ("nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control")
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """Devices of this node with their host facts, and the driver's common CDI spec."""
+
+    driver: str
+    pool: str  # this node's pool (the node name)
+    devices: Mapping[str, NodeDevice]
+    mig: Mapping[str, MigInstance]  # device name -> its MIG instance numbers
+    problems: Mapping[str, str]  # device name -> why it cannot be prepared now
+    common_spec: Mapping[str, Any]
+
+    @classmethod
+    def read(
+        cls, driver: str, pool: str, inventory: Inventory, host_root: Path, driver_root: Path
+    ) -> HostFacts:
+        """Read ``/proc`` and the driver root under the given roots (blocking)."""
+        host = HostFiles(host_root)
+        devices = node_devices(inventory)
+        caps_major = host.device_majors().get("nvidia-caps")
+        mig: dict[str, MigInstance] = {}
+        problems: dict[str, str] = {}
+        for name, device in devices.items():
+            if device.mig is None:
+                continue
+            gi, ci = device.mig.gpu_instance_id, device.mig.compute_instance_id
+            gi_minor = host.mig_capability_minor(device.gpu.minor, gi)
+            ci_minor = host.mig_capability_minor(device.gpu.minor, gi, ci)
+            if caps_major is None or gi_minor is None or ci_minor is None:
+                problems[name] = (
+                    f"MIG device {name}: no nvidia-caps major in {host_root}/proc/devices or no "
+                    f"capability file for gpu{device.gpu.minor}/gi{gi}/ci{ci} under "
+                    f"{host_root}/proc/driver/nvidia/capabilities; is the nvidia-caps module "
+                    "loaded?"
+                )
+                continue
+            mig[name] = MigInstance(device.gpu.uuid, gi, ci, caps_major, gi_minor, ci_minor)
+        common = cdi.common_spec(
+            driver, _control_nodes(host_root), _driver_mounts(Path(driver_root))
+        )
+        return cls(driver, pool, devices, mig, problems, common)
+
+    def prepared_device(self, claim_uid: str, planned: PlannedDevice) -> PreparedDevice:
+        """The checkpoint record of one planned device; raises ``PrepareRefused``."""
+        device = planned.device
+        problem = self.problems.get(device.name)
+        if problem is not None:
+            raise PrepareRefused(f"claim {claim_uid}: {problem}")
+        return PreparedDevice(
+            requests=planned.request_names,
+            pool=planned.pool,
+            device=device.name,
+            cdi_device_ids=self.device_ids(claim_uid, device.name),
+            kind=device.kind,
+            uuid=device.mig.uuid if device.mig is not None else device.gpu.uuid,
+            gpu_minor=device.gpu.minor,
+            config=planned.config,
+            mig=self.mig.get(device.name),
+        )
+
+    def device_ids(self, claim_uid: str, device_name: str) -> tuple[str, ...]:
+        """The CDI ids handed to the kubelet for one device: the common device, then its own."""
+        return (
+            cdi.common_device_id(self.driver),
+            cdi.claim_device_id(self.driver, claim_uid, device_name),
+        )
+
+
+def claim_spec(driver: str, claim_uid: str, devices: tuple[PreparedDevice, ...]) -> dict[str, Any]:
+    """A prepared claim's CDI document, from its checkpoint record alone."""
+    return cdi.claim_spec(driver, claim_uid, [device.cdi_device() for device in devices])
+
+
+def _control_nodes(host_root: Path) -> list[str]:
+    return [f"/dev/{name}" for name in CONTROL_NODES if (host_root / "dev" / name).exists()]
+
+
+def _driver_mounts(driver_root: Path) -> list[tuple[str, str]]:
+    """(host path, container path) of the driver's libraries and tools under ``driver_root``."""
+    mounts: list[tuple[str, str]] = []
+    for relative in LIBRARY_DIRS:
+        directory = driver_root / relative
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            if name.startswith(LIBRARY_PREFIXES) and ".so" in name:
+                mounts.append((str(directory / name), f"/{relative}/{name}"))
+    for name in BINARIES:
+        if (driver_root / BINARY_DIR / name).is_file():
+            mounts.append((str(driver_root / BINARY_DIR / name), f"/{BINARY_DIR}/{name}"))
+    return mounts

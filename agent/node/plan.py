@@ -1,0 +1,173 @@
+"""What a ResourceClaim asks of this node: the devices to prepare and the config of each.
+
+This is the decision half of a prepare, kept free of I/O so that every refusal (replaced
+claim, not allocated, another node's pool, a device this node does not have, an invalid
+opaque config, a sharing strategy we cannot apply) is a plain function of the claim's JSON
+and the inventory, tested without files or sockets. The engine applies the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agent.dra.config import (
+    AllocationResult,
+    ConfigError,
+    DeviceKind,
+    OpaqueConfig,
+    effective_configs,
+    parse_allocation,
+)
+from agent.dra.names import gpu_device_name, mig_device_name
+from agent.errors import AgentError
+from agent.hardware.inventory import Gpu, Inventory, MigDevice
+from agent.node.types import ClaimRef
+
+
+class PrepareRefused(AgentError):
+    """This claim cannot be prepared on this node; the message says why, naming the claim."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeDevice:
+    """A device this node publishes, with the hardware behind it."""
+
+    name: str
+    kind: DeviceKind
+    gpu: Gpu
+    mig: MigDevice | None = None
+
+
+def node_devices(inventory: Inventory) -> dict[str, NodeDevice]:
+    """Every allocatable device of ``inventory`` by name (the same rule as ``dra.devices``)."""
+    found: dict[str, NodeDevice] = {}
+    for gpu in inventory.gpus:
+        if not gpu.mig_enabled:
+            found[gpu_device_name(gpu.minor)] = NodeDevice(gpu_device_name(gpu.minor), "gpu", gpu)
+            continue
+        for mig in gpu.mig_devices:
+            name = mig_device_name(
+                gpu.minor, mig.profile.name, mig.profile.profile_id, mig.placement.start
+            )
+            found[name] = NodeDevice(name, "mig", gpu, mig)
+    return found
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedDevice:
+    """One device of a claim to prepare; a device allocated for several requests appears once."""
+
+    device: NodeDevice
+    pool: str
+    request_names: tuple[str, ...]  # base request names, in allocation order
+    admin_access: bool
+    config: OpaqueConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan:
+    """Everything the engine needs to prepare one claim."""
+
+    claim: ClaimRef
+    devices: tuple[PlannedDevice, ...]
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(planned.device.name for planned in self.devices)
+
+
+def plan_claim(
+    ref: ClaimRef,
+    claim: Mapping[str, Any],
+    *,
+    driver: str,
+    pool: str,
+    devices: Mapping[str, NodeDevice],
+) -> ClaimPlan:
+    """The devices ``claim`` (the ResourceClaim JSON) asks this node to prepare.
+
+    Raises :class:`PrepareRefused` with a message that names the claim and the problem.
+    """
+    subject = f"ResourceClaim {ref.namespace}/{ref.name}"
+    metadata = claim.get("metadata") or {}
+    uid = metadata.get("uid")
+    if uid != ref.uid:
+        raise PrepareRefused(
+            f"{subject} got replaced: the kubelet asked for uid {ref.uid}, the API server "
+            f"has uid {uid}; the pod must be recreated to use the new claim"
+        )
+    status = claim.get("status") or {}
+    allocation = status.get("allocation")
+    if not isinstance(allocation, Mapping):
+        raise PrepareRefused(f"{subject} ({ref.uid}) is not allocated")
+    try:
+        results, configs = parse_allocation(allocation)
+    except ConfigError as error:
+        raise PrepareRefused(f"{subject} ({ref.uid}): {error}") from None
+    ours = [result for result in results if result.driver == driver and result.pool == pool]
+    if not ours:
+        pools = sorted({result.pool for result in results if result.driver == driver})
+        where = f" (its {driver} devices are in pools {', '.join(pools)})" if pools else ""
+        raise PrepareRefused(
+            f"{subject} ({ref.uid}) has no device of driver {driver} in pool {pool} "
+            f"(this node){where}; it was allocated for another node"
+        )
+    missing = [result.device for result in ours if result.device not in devices]
+    if missing:
+        raise PrepareRefused(
+            f"{subject} ({ref.uid}): device(s) {', '.join(missing)} of pool {pool} do not exist "
+            "on this node (the GPU was removed or its MIG layout changed since allocation); "
+            "delete the pod so that the claim is allocated again"
+        )
+    try:
+        chosen = effective_configs(
+            ours,
+            configs,
+            driver,
+            lambda _pool, name: devices[name].kind if name in devices else None,
+            claim=f"{ref.namespace}/{ref.name}",
+        )
+    except ConfigError as error:
+        raise PrepareRefused(f"{subject} ({ref.uid}): {error}") from None
+    for effective in chosen:
+        sharing = effective.config.sharing
+        if sharing is not None:
+            raise PrepareRefused(
+                f"{subject} ({ref.uid}): {effective.origin} asks for sharing strategy "
+                f"{sharing.strategy} on device {effective.result.device}, which this agent "
+                "does not apply; remove the sharing section to use the device exclusively"
+            )
+    return ClaimPlan(ref, _merge(ours, {e.result: e.config for e in chosen}, devices))
+
+
+def _merge(
+    results: list[AllocationResult],
+    configs: Mapping[AllocationResult, OpaqueConfig],
+    devices: Mapping[str, NodeDevice],
+) -> tuple[PlannedDevice, ...]:
+    """One planned device per device name, its base request names merged in order."""
+    merged: dict[str, PlannedDevice] = {}
+    for result in results:
+        previous = merged.get(result.device)
+        if previous is None:
+            merged[result.device] = PlannedDevice(
+                devices[result.device],
+                result.pool,
+                (result.base_request,),
+                result.admin_access,
+                configs[result],
+            )
+            continue
+        names = previous.request_names
+        if result.base_request not in names:
+            names = (*names, result.base_request)
+        merged[result.device] = PlannedDevice(
+            previous.device,
+            previous.pool,
+            names,
+            previous.admin_access and result.admin_access,
+            previous.config,
+        )
+    return tuple(merged.values())

@@ -1,0 +1,61 @@
+"""Unprepare of a batch of claims the checkpoint knows: specs first, then one checkpoint write.
+
+The ResourceClaim may be gone by now, so everything comes from the checkpoint entry. The CDI
+specs go first: a crash after that leaves a completed claim without its spec, which startup
+rebuilds and the kubelet's retry removes again; the reverse order could leave a spec that no
+entry owns until the next start. All removed claims share one checkpoint write.
+"""
+
+from __future__ import annotations
+
+import anyio
+from opentelemetry import trace
+
+from agent.node import checkpoint as cp
+from agent.node.cdi import CdiSpecDirectory
+from agent.node.commit import CheckpointCommitter, restore_claim
+from agent.node.crash import crash_point
+from agent.node.errors import NodeError
+from agent.node.types import ClaimRef
+
+
+async def unprepare_known(
+    state: CheckpointCommitter,
+    specs: CdiSpecDirectory,
+    known: list[ClaimRef],
+    spans: dict[str, trace.Span],
+    results: dict[str, str | None],
+) -> list[str]:
+    """Unprepare ``known`` claims; fills ``results`` and returns the UIDs now forgotten."""
+    async with anyio.create_task_group() as group:
+        for ref in known:
+            group.start_soon(_remove_spec, specs, ref.uid, spans[ref.uid], results)
+    crash_point("unprepare-after-cdi-remove")
+    removed = [ref.uid for ref in known if results[ref.uid] is None]
+    before = state.checkpoint
+    checkpoint = before
+    for uid in removed:
+        checkpoint = cp.remove_claim(checkpoint, uid)
+    state.update(checkpoint)
+    try:
+        await state.commit()
+    except NodeError as error:
+        restored = state.checkpoint
+        for uid in removed:
+            restored = restore_claim(restored, before.claims[uid])
+        state.update(restored)
+        for uid in removed:
+            results[uid] = str(error)
+        return []
+    crash_point("unprepare-after-checkpoint")
+    return removed
+
+
+async def _remove_spec(
+    specs: CdiSpecDirectory, uid: str, span: trace.Span, results: dict[str, str | None]
+) -> None:
+    with trace.use_span(span, end_on_exit=False):
+        try:
+            await anyio.to_thread.run_sync(specs.remove_claim, uid)
+        except NodeError as error:
+            results[uid] = str(error)

@@ -1,0 +1,12 @@
+"""Fixtures of the prepare-engine tests (defined in ``engine_support``), shared by this folder."""
+
+from tests.unit.node.engine_support import (  # noqa: F401
+    a100_host,
+    a100_node,
+    api_client,
+    apiserver,
+    engine,
+    h100_host,
+    kubeconfig,
+    node,
+)
