@@ -31,5 +31,9 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(BIN)/python scripts/generate_proto.py
 
+## bench: every registered benchmark, one table (see docs/PERFORMANCE.md)
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,196 @@
+"""What the API server holds of this node's slices: a list-then-watch cache.
+
+The publisher decides from this cache, so it must learn within milliseconds that the
+kubelet wiped the slices or someone edited one, and it must never trust a cache that has
+silently fallen behind. Hence: one LIST, then a WATCH from the list's resourceVersion with
+bookmarks; a watch that ends is resumed from the last version seen; 410 Gone means the
+history is gone, so the cache is rebuilt from a fresh LIST; any other failure is retried
+with backoff; and a slow periodic re-list repairs whatever a bug or a lost event left.
+
+The publisher also feeds the cache with the objects its own writes return, so the next
+reconcile sees them at once (client-go needs a mutation cache for that); resourceVersions
+keep a late watch event from overwriting a newer write, and tombstones keep a late event
+from resurrecting a slice the publisher just deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterable
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+
+from agent.kube.backoff import Backoff, retry_after
+from agent.kube.rawapi import RawSliceApi, WatchExpiredError
+from agent.telemetry.metrics import counter
+
+Obj = dict[str, Any]
+log = logging.getLogger(__name__)
+
+WATCH_RESTARTS = counter(
+    "gpu_dra_agent_slice_watch_restarts_total",
+    "Slice watches restarted, by reason (ended, expired, error, resync).",
+)
+
+
+def resource_version(obj: Obj) -> int | None:
+    """The object's resourceVersion as an int, or None (versions are opaque in theory)."""
+    raw = (obj.get("metadata") or {}).get("resourceVersion")
+    try:
+        return int(str(raw))
+    except (TypeError, ValueError):
+        return None
+
+
+def _name(obj: Obj) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
+
+
+class SliceCache:
+    """Slices by name, never moved backwards by an older event."""
+
+    def __init__(self) -> None:
+        self._objects: dict[str, Obj] = {}
+        self._tombstones: dict[str, int] = {}
+
+    def snapshot(self) -> dict[str, Obj]:
+        """The slices by name; the objects are shared, so readers must not change them."""
+        return dict(self._objects)
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+    def replace_all(self, items: Iterable[Obj], list_version: int | None = None) -> None:
+        """Take a LIST's items; writes newer than the list (``list_version``) survive it."""
+        fresh = {_name(item): item for item in items}
+        if list_version is not None:
+            for name, obj in self._objects.items():
+                rv = resource_version(obj)
+                if rv is not None and rv > list_version:
+                    fresh[name] = obj
+            for name, rv in self._tombstones.items():
+                if rv > list_version:
+                    fresh.pop(name, None)
+        self._objects = fresh
+        self._tombstones = {
+            name: rv
+            for name, rv in self._tombstones.items()
+            if list_version is not None and rv > list_version
+        }
+
+    def apply(self, event_type: str, obj: Obj) -> bool:
+        """Apply one watch event (or write result); returns whether the cache changed."""
+        name, rv = _name(obj), resource_version(obj)
+        current = self._objects.get(name)
+        if rv is not None:
+            newest = resource_version(current) if current is not None else None
+            if newest is not None and rv < newest:
+                return False
+            tomb = self._tombstones.get(name)
+            if current is None and tomb is not None and rv <= tomb:
+                return False
+        if event_type == "DELETED":
+            if current is None:
+                return False
+            del self._objects[name]
+            if rv is not None:
+                self._tombstones[name] = rv
+            return True
+        if current == obj:
+            return False
+        self._objects[name] = obj
+        self._tombstones.pop(name, None)
+        return True
+
+    def forget(self, name: str, rv: int | None) -> None:
+        """The publisher deleted ``name`` (its last known version was ``rv``)."""
+        self._objects.pop(name, None)
+        if rv is not None:
+            self._tombstones[name] = rv
+
+
+class SliceWatcher:
+    """Keeps :attr:`cache` equal to the server's slices for one field selector."""
+
+    def __init__(
+        self,
+        api: RawSliceApi,
+        field_selector: str,
+        *,
+        on_change: Callable[[], None],
+        resync_interval: float = 300.0,
+        watch_timeout: int = 240,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.cache = SliceCache()
+        self.synced = False
+        self._api = api
+        self._selector = field_selector
+        self._on_change = on_change
+        self._resync_interval = resync_interval
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff or Backoff()
+
+    async def run(self) -> None:
+        """List and watch until cancelled."""
+        version: str | None = None
+        next_resync = anyio.current_time() + self._resync_interval
+        while True:
+            try:
+                if version is None or anyio.current_time() >= next_resync:
+                    if version is not None:
+                        WATCH_RESTARTS.inc(reason="resync")
+                    version = await self._relist()
+                    next_resync = anyio.current_time() + self._resync_interval
+                until_resync = next_resync - anyio.current_time()
+                started, events = anyio.current_time(), 0
+                with anyio.move_on_after(until_resync) as resync_due:
+                    stream = self._api.watch(
+                        self._selector,
+                        version,
+                        max(1, math.ceil(min(self._watch_timeout, until_resync))),
+                    )
+                    async with aclosing(stream) as watch_events:
+                        async for event in watch_events:
+                            events += 1
+                            version = self._handle(event) or version
+                            self._backoff.reset()
+                if resync_due.cancelled_caught:
+                    continue
+                WATCH_RESTARTS.inc(reason="ended")
+                if events == 0 and anyio.current_time() - started < 1.0:
+                    await anyio.sleep(self._backoff.next_delay())  # a server ending watches at once
+            except WatchExpiredError:
+                WATCH_RESTARTS.inc(reason="expired")
+                log.info("slice watch expired (410 Gone); listing again")
+                version = None
+            except Exception as error:
+                WATCH_RESTARTS.inc(reason="error")
+                delay = self._backoff.next_delay(retry_after(error))
+                log.warning("slice list/watch failed: %r; retrying in %.2f s", error, delay)
+                await anyio.sleep(delay)
+
+    async def _relist(self) -> str:
+        listed = await self._api.list(self._selector)
+        items = listed.get("items") or []
+        for item in items:  # list items come without apiVersion/kind
+            item.setdefault("apiVersion", "resource.k8s.io/v1")
+            item.setdefault("kind", "ResourceSlice")
+        version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
+        self.cache.replace_all(items, int(version) if version.isdigit() else None)
+        self.synced = True
+        self._backoff.reset()
+        self._on_change()
+        return version
+
+    def _handle(self, event: Obj) -> str | None:
+        obj = event.get("object") or {}
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if event.get("type") in ("ADDED", "MODIFIED", "DELETED") and self.cache.apply(
+            str(event["type"]), obj
+        ):
+            self._on_change()
+        return str(version) if version else None
