@@ -40,9 +40,8 @@ from agent.node.plan import PrepareRefused
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
 
-#: A planned claim: its device records and the names of its adminAccess devices.
-Planned = tuple[Prepared, frozenset[str]]
-Planner = Callable[[ClaimRef], Awaitable[Planned]]
+#: Plans one claim: its device records (``admin_access`` marks adminAccess devices).
+Planner = Callable[[ClaimRef], Awaitable[Prepared]]
 
 
 def answer(devices: Prepared) -> ClaimPrepareResult:
@@ -121,18 +120,16 @@ class PrepareBatch:
     async def _claim(self, ref: ClaimRef) -> None:
         with trace.use_span(self._spans[ref.uid], end_on_exit=False):
             try:
-                devices, admin = await self._planner(ref)
+                devices = await self._planner(ref)
             except PrepareRefused as error:
                 self._failures[ref.uid] = str(error)
                 return
             holders = self._holders.holders(self._state.checkpoint)
-            conflict = self._holders.conflict(
-                ref.uid, devices, admin, holders, self._state.checkpoint
-            )
+            conflict = self._holders.conflict(ref.uid, devices, holders, self._state.checkpoint)
             if conflict is not None:
                 self._failures[ref.uid] = conflict
                 return
-            self._holders.reserve(ref.uid, devices, admin)
+            self._holders.reserve(ref.uid, devices)
             try:
                 with anyio.CancelScope(shield=True):
                     await write_spec(self._specs, ref.uid, devices)
@@ -177,7 +174,7 @@ class PrepareBatch:
         crash_point("after-prepare-completed")
         for uid, devices in self._written.items():
             results[uid] = answer(devices)
-            self._holders.settle(uid, prepared=True)
+            self._holders.settle(uid)
 
     def _started(self, checkpoint: cp.Checkpoint, uid: str) -> cp.Checkpoint:
         """``checkpoint`` with ``uid`` started under the name the kubelet gave."""
@@ -194,7 +191,7 @@ class PrepareBatch:
         """
         checkpoint = self._state.checkpoint
         for uid in uids:
-            self._holders.settle(uid, prepared=False)
+            self._holders.settle(uid)
             before = self._previous.get(uid)
             checkpoint = cp.remove_claim(checkpoint, uid)
             if before is not None and before.state is cp.ClaimState.PREPARE_COMPLETED:

@@ -6,7 +6,9 @@ everything needed to undo a prepare, and to rebuild its CDI spec without the Res
 or NVML, is recorded here: per claim its two-phase state (``PrepareStarted`` is written
 before any hardware or file changes, ``PrepareCompleted`` before the kubelet is answered),
 the prepared devices with their UUIDs, minors, MIG instance ids and capability device
-numbers, the effective opaque config and the CDI spec file name.
+numbers, the effective opaque config, whether the device was prepared for ``adminAccess``
+(so that after a restart or a reload it still does not count as exclusive) and the CDI spec
+file name.
 
 The document carries a schema version, the node's boot id (a reboot invalidates every
 prepared claim, user-pain.md item 1) and a SHA-256 checksum over the canonical JSON of the
@@ -71,6 +73,10 @@ class PreparedDevice:
     gpu_minor: int  # /dev/nvidia<minor>; the parent GPU's minor for a mig device
     config: OpaqueConfig
     mig: MigInstance | None = None
+    # Prepared for an ``adminAccess`` request: it does not hold the device exclusively.
+    # Stored as ``adminAccess`` only when true, so files without admin devices stay
+    # readable by agents that predate the field (a rollback of a rolling upgrade).
+    admin_access: bool = False
 
     def cdi_device(self) -> cdi.ClaimDevice:
         """The input of ``cdi.claim_spec`` for this device."""
@@ -209,7 +215,7 @@ def _device_to_dict(device: PreparedDevice) -> dict[str, Any]:
             "giCapMinor": device.mig.gi_cap_minor,
             "ciCapMinor": device.mig.ci_cap_minor,
         }
-    return {
+    document: dict[str, Any] = {
         "requests": list(device.requests),
         "pool": device.pool,
         "device": device.device,
@@ -220,6 +226,9 @@ def _device_to_dict(device: PreparedDevice) -> dict[str, Any]:
         "mig": mig,
         "config": config_to_dict(device.config),
     }
+    if device.admin_access:
+        document["adminAccess"] = True
+    return document
 
 
 _CLAIM_KEYS = {"namespace", "name", "state", "devices", "cdiSpecFile"}
@@ -258,7 +267,10 @@ def _claim_from_dict(uid: str, raw: Any) -> PreparedClaim:
 
 
 def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
-    _keys(raw, path, _DEVICE_KEYS | {"mig", "config"})
+    _keys(raw, path, _DEVICE_KEYS | {"mig", "config", "adminAccess"})
+    admin = raw.get("adminAccess", False)
+    if not isinstance(admin, bool):
+        raise CheckpointFormatError(f"{path}.adminAccess: must be true or false")
     kind = raw.get("kind")
     if kind not in ("gpu", "mig"):
         raise CheckpointFormatError(f"{path}.kind: {kind!r} is neither gpu nor mig")
@@ -289,6 +301,7 @@ def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
         gpu_minor=_int(raw, "gpuMinor", path),
         config=config,
         mig=mig,
+        admin_access=admin,
     )
 
 

@@ -14,12 +14,25 @@ one from before a reboot (item 1). Here ``load`` never raises over the file's co
 
 The file is ``<plugins-dir>/<driver>/gpu-dra-agent-checkpoint.json``: our own name, so the
 incumbent's ``checkpoint.json`` is never misread or clobbered when a node switches drivers.
-Methods block; async callers run them in a worker thread.
+Methods block; async callers run them in a worker thread (``changed`` is one ``stat``).
+
+During a rolling upgrade two agent instances share the file, one at a time under the node
+lock, so an instance must notice that the other wrote it since its own last read or write
+(``changed``). The store remembers the identity of the file it last read or wrote: device,
+inode, size and mtime in nanoseconds. Every write replaces the file by a rename, so any
+write by anyone gives the path a new inode. Inode numbers are reused once a file is freed,
+and mtime has only jiffy resolution on Linux, so the comparison alone could mistake a file
+written twice in quick succession for the one remembered; the store therefore keeps that
+file open (its "pin"), and an inode that is still open cannot be freed or reused. The check
+is thus exact for every write that goes through ``save`` (ours or the other instance's),
+costs one ``stat``, and needs no change to the file format (an older agent reads our files).
+Size and mtime catch an in-place edit by hand.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -72,6 +85,38 @@ class CheckpointStore:
         self.path = self.directory / FILE_NAME
         self.boot_id = boot_id
         self._clock = clock
+        self._known = False  # whether the state below describes a read or a write
+        self._identity: tuple[int, ...] | None = None  # of the file; None: there was none
+        self._pin: int | None = None  # an open descriptor of that file (see the docstring)
+
+    def changed(self) -> bool:
+        """Whether the file differs from what this store last read or wrote.
+
+        True also before the first read, or when the file cannot be examined (the caller
+        then loads it, and ``load`` says what is wrong with it).
+        """
+        if not self._known:
+            return True
+        try:
+            status = os.stat(self.path)
+        except FileNotFoundError:
+            return self._identity is not None
+        except OSError:
+            return True
+        return self._identity != _identity(status)
+
+    def close(self) -> None:
+        """Forget the file (``changed`` is True afterwards) and close the pin."""
+        self._remember(None)
+        self._known = False
+
+    def _remember(self, fd: int | None) -> None:
+        """Take ``fd`` (an open descriptor of the file, or None: no file) as the pin."""
+        old, self._pin = self._pin, fd
+        self._identity = _identity(os.fstat(fd)) if fd is not None else None
+        self._known = True
+        if old is not None:
+            os.close(old)
 
     def empty(self) -> Checkpoint:
         return Checkpoint(self.boot_id)
@@ -82,8 +127,9 @@ class CheckpointStore:
         with suppress(OSError):  # a leftover temporary is harmless; reading decides the rest
             durable.clean_temporaries(self.directory)
         try:
-            data = self.path.read_bytes()
+            data = self._read_and_pin()
         except FileNotFoundError:
+            self._remember(None)
             return LoadResult(self.empty(), LoadStatus.MISSING)
         except OSError as error:
             return self._quarantine(f"the checkpoint {self.path} is unreadable: {error}")
@@ -110,11 +156,26 @@ class CheckpointStore:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             durable.write_atomic(self.path, data, FILE_MODE)
+            self._remember(os.open(self.path, os.O_RDONLY | os.O_CLOEXEC))
         except OSError as error:
+            self._known = False  # the file may or may not have been replaced
             raise NodeError(
                 f"could not write the checkpoint {self.path}: {error}; the claim cannot be "
                 "prepared until the plugin directory is writable"
             ) from error
+
+    def _read_and_pin(self) -> bytes:
+        """The file's content; the descriptor it was read through becomes the pin."""
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks: list[bytes] = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._remember(fd)
+        return b"".join(chunks)
 
     def _quarantine(self, reason: str) -> LoadResult:
         stamp = self._clock().astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -146,4 +207,9 @@ class CheckpointStore:
             durable.move_durable(self.path, target)
         except OSError:
             return None
+        self._remember(None)  # the path is free now; the next save creates it
         return target
+
+
+def _identity(status: os.stat_result) -> tuple[int, ...]:
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns)

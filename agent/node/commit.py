@@ -5,8 +5,10 @@ most of a prepare's latency. The engine changes the in-memory checkpoint for a w
 of claims and then calls :meth:`CheckpointCommitter.commit` once per phase. Because every
 write stores the whole document, a commit that finds its change already written by a
 concurrent request's write returns at once: concurrent requests share fsyncs instead of
-queueing behind each other. The in-memory checkpoint changes only on the event loop; the
-write runs in a worker thread on an immutable snapshot.
+queueing behind each other (they share one hold of the node lock, ``locks``). The in-memory
+checkpoint changes only on the event loop; the write runs in a worker thread on an immutable
+snapshot. When another agent instance wrote the file, the engine replaces the in-memory
+checkpoint wholesale (:meth:`CheckpointCommitter.reload`) before the next request uses it.
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ class CheckpointCommitter:
         if checkpoint is not self._checkpoint:
             self._checkpoint = checkpoint
             self._version += 1
+
+    def reload(self, checkpoint: Checkpoint) -> None:
+        """Adopt ``checkpoint`` as read from disk (another instance wrote it): durable as is.
+
+        Only between requests: the engine reloads when it takes the node lock afresh, when
+        no request of this process (and so no commit) is running.
+        """
+        if self._write_lock.locked():
+            raise RuntimeError("the checkpoint cannot be reloaded while a write is running")
+        self._checkpoint = checkpoint
+        self._version += 1
+        self._durable_version = self._version
 
     async def commit(self) -> None:
         """Make the in-memory checkpoint as of this call durable; raises ``NodeError``."""

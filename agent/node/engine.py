@@ -19,12 +19,37 @@ one claim GET + two durable writes)):
 - host facts (MIG capability minors, the common spec) are read at start; NVML is never
   called on the hot path, and blocking file I/O runs in worker threads.
 
+Rolling upgrades (kubelet-dra-protocol.md §1, §6, §8; nvidia-driver-facts.md §13): the
+DaemonSet surges a new instance (its own socket names, ``--instance-id``) that must start,
+register and become Ready while the old one still runs; the kubelet then sends each call
+to the newest instance, so a claim prepared by the old one may be unprepared by the new
+one. Both instances therefore share the on-disk state (checkpoint, CDI specs) and take
+turns through the node lock, per request, never for their lifetime (which would stall the
+rollout: the old pod goes only once the new one is Ready):
+
+- every prepare/unprepare request, and startup reconciliation, holds the node lock while
+  it reads or writes the shared state, and until its last checkpoint write is durable;
+  concurrent requests of one process share one hold (``locks.SharedNodeLock``), so group
+  commit keeps working;
+- taking the lock never blocks the event loop and is bounded (``lock_timeout_s``, 10 s by
+  default, well under the kubelet's 45 s deadline); on timeout every claim of the request
+  gets an error naming the lock file and the holder's pid;
+- whenever the lock is taken afresh, the engine checks whether the checkpoint file is
+  still the one it last read or wrote (``CheckpointStore.changed``: the file's identity,
+  with its inode kept open so that it cannot be reused; exact for every write, one
+  ``stat``) and, if not, reloads it before any request looks at it. The flock calls and
+  that ``stat`` are non-blocking metadata calls made on the event loop: a request pays
+  about ten syscalls for the lock, no thread hop. Everything else in
+  memory derives from the checkpoint (device holders: adminAccess is recorded per device;
+  answers: the recorded devices), and reservations exist only inside a hold, so replacing
+  the checkpoint rebuilds all of it. A file that does not load cleanly goes through the
+  startup repair (``reconcile``), as a restart would.
+
 Lock order (outermost first; a holder may only take locks further down):
 
-1. the node lock (``flock`` on ``<plugin dir>/gpu-dra-agent.lock``), taken by ``start()``
-   and held for the life of the process. A second agent instance (a rolling upgrade) waits
-   in ``start()`` until the first exits, so both never touch the checkpoint or the CDI
-   directory at once, and the hot path pays nothing for the lock;
+1. the node lock (``flock`` on ``<plugin dir>/gpu-dra-agent.lock``), shared by the
+   concurrent requests of this process and held while at least one of them runs (and
+   during startup reconciliation); a reload happens at its acquisition;
 2. the per-claim locks of one request, taken in ascending claim UID order (``locks``);
 3. the checkpoint write lock (``commit``), held only around one checkpoint file write.
 
@@ -33,11 +58,12 @@ deadline that expires mid-request leaves memory and disk in agreement.
 
 Public API: ``PrepareEngine(...)``; ``await start() -> StartupReport``; ``await
 prepare(claims) -> {uid: ClaimPrepareResult}``; ``await unprepare(claims) -> {uid: error or
-None}``; ``await close()`` (waits for requests in flight, then releases the node lock).
+None}``; ``await close()`` (waits for requests in flight; the last one releases the lock).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,16 +77,16 @@ from agent.hardware.inventory import Inventory
 from agent.kube.claims import ClaimReader
 from agent.kube.events import EventPoster
 from agent.node import checkpoint as cp
-from agent.node.batch import Planned, PrepareBatch, answer, write_spec
+from agent.node.batch import PrepareBatch, answer, write_spec
 from agent.node.cdi import CdiSpecDirectory
-from agent.node.checkpoint_store import CheckpointStore
+from agent.node.checkpoint_store import CheckpointStore, LoadStatus
 from agent.node.commit import CheckpointCommitter
 from agent.node.crash import crash_point
 from agent.node.durable import NodeLock
 from agent.node.errors import NodeError
 from agent.node.facts import HostFacts
-from agent.node.holders import DeviceHolders
-from agent.node.locks import ClaimLocks
+from agent.node.holders import DeviceHolders, Prepared
+from agent.node.locks import ClaimLocks, SharedNodeLock
 from agent.node.plan import PrepareRefused, plan_claim
 from agent.node.reconcile import StartupReport, is_adopted, reconcile
 from agent.node.types import ClaimPrepareResult, ClaimRef
@@ -68,6 +94,7 @@ from agent.node.unprepare import unprepare_known
 from agent.telemetry.tracing import tracer
 
 LOCK_FILE = "gpu-dra-agent.lock"
+log = logging.getLogger(__name__)
 
 
 class EngineNotStarted(NodeError):
@@ -90,7 +117,7 @@ class PrepareEngine:
         claim_reader: ClaimReader,
         boot_id: str,
         events: EventPoster,
-        lock_timeout_s: float = 30.0,
+        lock_timeout_s: float = 10.0,
     ) -> None:
         self.driver = driver
         self.pool = node_name
@@ -102,9 +129,12 @@ class PrepareEngine:
         self._events = events
         self._store = CheckpointStore(self._plugin_dir, boot_id)
         self._specs = CdiSpecDirectory(Path(cdi_root), driver)
-        self._node_lock = NodeLock(self._plugin_dir / LOCK_FILE, timeout=lock_timeout_s)
+        self._node_lock = SharedNodeLock(
+            NodeLock(self._plugin_dir / LOCK_FILE, timeout=lock_timeout_s), self._on_lock_taken
+        )
         self._claim_locks = ClaimLocks()
-        self._state: CheckpointCommitter | None = None
+        self._state: CheckpointCommitter | None = None  # None: not accepting requests
+        self._committer: CheckpointCommitter | None = None  # set by start(), kept by close()
         self._facts: HostFacts | None = None
         self._holders = DeviceHolders()
         self._running = 0  # prepare/unprepare calls in flight
@@ -114,25 +144,25 @@ class PrepareEngine:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> StartupReport:
-        """Take the node lock, read the host facts, reconcile the files; returns the report."""
+        """Read the host facts, reconcile the files under the node lock; returns the report.
+
+        Waits (up to ``lock_timeout_s``, then raises ``LockTimeout``) while another instance
+        has a request in flight; it never waits for that instance to exit.
+        """
         await anyio.to_thread.run_sync(self._make_directories)
-        await self._node_lock.acquire()
-        try:
-            self._facts = await anyio.to_thread.run_sync(
-                HostFacts.read,
-                self.driver,
-                self.pool,
-                self._inventory,
-                self._host_root,
-                self._driver_root,
-            )
+        self._facts = await anyio.to_thread.run_sync(
+            HostFacts.read,
+            self.driver,
+            self.pool,
+            self._inventory,
+            self._host_root,
+            self._driver_root,
+        )
+        async with self._node_lock.hold():
             checkpoint, report = await reconcile(
                 self._store, self._specs, self._facts, self._events
             )
-        except BaseException:
-            self._node_lock.release()
-            raise
-        self._state = CheckpointCommitter(self._store, checkpoint)
+            self._state = self._committer = CheckpointCommitter(self._store, checkpoint)
         return report
 
     def _make_directories(self) -> None:
@@ -140,11 +170,33 @@ class PrepareEngine:
         self._specs.root.mkdir(parents=True, exist_ok=True)
 
     async def close(self, grace_s: float = 30.0) -> None:
-        """Refuse new requests, let those in flight finish, release the node lock."""
+        """Refuse new requests and let those in flight finish (the last releases the lock)."""
         self._state = None
         with anyio.CancelScope(shield=True), anyio.move_on_after(grace_s):
             await self._idle.wait()
-        self._node_lock.release()
+        if self._running == 0:
+            self._store.close()
+
+    async def _on_lock_taken(self) -> None:
+        """Reload the checkpoint if another instance wrote it since this one last did."""
+        state = self._committer  # requests admitted before close() still need a reload
+        if state is None or not self._store.changed():
+            return
+        with anyio.CancelScope(shield=True):  # memory must follow the file the store read
+            loaded = await anyio.to_thread.run_sync(self._store.load)
+            checkpoint = loaded.checkpoint
+            if loaded.status is not LoadStatus.LOADED:
+                assert self._facts is not None
+                checkpoint, _ = await reconcile(
+                    self._store, self._specs, self._facts, self._events, loaded
+                )
+            state.reload(checkpoint)
+        log.info(
+            "the checkpoint %s was changed by another instance; reloaded %d claim(s)",
+            self._store.path,
+            len(checkpoint.claims),
+            extra={"load_status": str(loaded.status)},
+        )
 
     @property
     def facts(self) -> HostFacts | None:
@@ -152,8 +204,14 @@ class PrepareEngine:
         return self._facts
 
     @property
+    def node_lock(self) -> SharedNodeLock:
+        """The node lock shared by this engine's requests."""
+        return self._node_lock
+
+    @property
     def checkpoint(self) -> cp.Checkpoint:
-        """The current (in-memory) checkpoint; what is on disk once a request returns."""
+        """The in-memory checkpoint: what is on disk once a request of this instance
+        returns, until the other instance of a rolling upgrade writes the file."""
         return self._started().checkpoint
 
     def _started(self) -> CheckpointCommitter:
@@ -180,15 +238,22 @@ class PrepareEngine:
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
         """Prepare ``claims``; every claim gets a result, one bad claim never fails others."""
         with self._request() as state:
-            return await self._prepare(state, claims)
+            unique = _unique(claims)
+            if not unique:
+                return {}
+            try:
+                await self._node_lock.acquire()
+            except NodeError as error:  # the lock timed out, or reloading failed
+                return {ref.uid: ClaimPrepareResult(error=str(error)) for ref in unique}
+            try:
+                return await self._prepare(state, unique)
+            finally:
+                self._node_lock.release()
 
     async def _prepare(
-        self, state: CheckpointCommitter, claims: Sequence[ClaimRef]
+        self, state: CheckpointCommitter, unique: list[ClaimRef]
     ) -> dict[str, ClaimPrepareResult]:
-        unique = _unique(claims)
         results: dict[str, ClaimPrepareResult] = {}
-        if not unique:
-            return results
         spans = {ref.uid: _claim_span("claim.prepare", ref) for ref in unique}
         try:
             async with self._claim_locks.hold(ref.uid for ref in unique):
@@ -231,7 +296,7 @@ class PrepareEngine:
                 return
             results[entry.uid] = answer(entry.devices)
 
-    async def _plan(self, ref: ClaimRef) -> Planned:
+    async def _plan(self, ref: ClaimRef) -> Prepared:
         """Read and plan one claim; raises ``PrepareRefused`` naming the claim's problem."""
         facts = self._facts
         assert facts is not None
@@ -241,26 +306,34 @@ class PrepareEngine:
             crash_point("after-claim-read")
             plan = plan_claim(ref, claim, driver=self.driver, pool=self.pool, devices=facts.devices)
             span.set_attribute("claim.devices", list(plan.device_names))
-            devices = tuple(facts.prepared_device(ref.uid, p) for p in plan.devices)
+            return tuple(facts.prepared_device(ref.uid, p) for p in plan.devices)
         except PrepareRefused:
             raise
         except (cdi.CdiSpecError, NodeError) as error:
             raise PrepareRefused(str(error)) from error
         except Exception as error:  # a reader error, or a bug: this claim only
             raise PrepareRefused(str(error) or repr(error)) from error
-        return devices, frozenset(p.device.name for p in plan.devices if p.admin_access)
 
     # -- unprepare ------------------------------------------------------------------------
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str | None]:
         """Unprepare ``claims`` (idempotent; unknown claims succeed); uid -> error or None."""
         with self._request() as state:
-            return await self._unprepare(state, claims)
+            unique = _unique(claims)
+            if not unique:
+                return {}
+            try:
+                await self._node_lock.acquire()
+            except NodeError as error:  # the lock timed out, or reloading failed
+                return {ref.uid: str(error) for ref in unique}
+            try:
+                return await self._unprepare(state, unique)
+            finally:
+                self._node_lock.release()
 
     async def _unprepare(
-        self, state: CheckpointCommitter, claims: Sequence[ClaimRef]
+        self, state: CheckpointCommitter, unique: list[ClaimRef]
     ) -> dict[str, str | None]:
-        unique = _unique(claims)
         results: dict[str, str | None] = {ref.uid: None for ref in unique}
         async with self._claim_locks.hold(ref.uid for ref in unique):
             known = [ref for ref in unique if ref.uid in state.checkpoint.claims]
@@ -269,9 +342,7 @@ class PrepareEngine:
             spans = {ref.uid: _claim_span("claim.unprepare", ref) for ref in known}
             try:
                 with anyio.CancelScope(shield=True):
-                    removed = await unprepare_known(state, self._specs, known, spans, results)
-                for uid in removed:
-                    self._holders.forget(uid)
+                    await unprepare_known(state, self._specs, known, spans, results)
             finally:
                 for uid, span in spans.items():
                     if results[uid] is not None:

@@ -88,6 +88,7 @@ class HostFacts:
             gpu_minor=device.gpu.minor,
             config=planned.config,
             mig=self.mig.get(device.name),
+            admin_access=planned.admin_access,
         )
 
     def device_ids(self, claim_uid: str, device_name: str) -> tuple[str, ...]:

@@ -6,6 +6,13 @@ asked for ``adminAccess`` (monitoring tools see devices that workloads use). Hol
 claims of the checkpoint plus the claims of requests in flight, which have planned devices
 that are not on disk yet; checking and reserving happen without an ``await`` in between, so
 two concurrent requests can never both take a device.
+
+Whether a device was prepared for ``adminAccess`` is recorded in the checkpoint itself
+(``PreparedDevice.admin_access``), so everything derived here is a function of the
+checkpoint and the reservations: after a restart, or after a reload of a checkpoint that
+another agent instance wrote (a rolling upgrade), an admin-access device is still not
+exclusive. Reservations exist only while this instance holds the node lock for a request,
+so a reload (which happens only when the lock is taken afresh) never finds one.
 """
 
 from __future__ import annotations
@@ -18,13 +25,9 @@ Prepared = tuple[cp.PreparedDevice, ...]
 
 
 class DeviceHolders:
-    """Admin-access devices and in-flight reservations, beside the engine's checkpoint."""
+    """In-flight reservations, beside the engine's checkpoint."""
 
     def __init__(self) -> None:
-        # (claim uid, device) prepared with adminAccess. In memory only: the checkpoint has no
-        # field for it, so after a restart such a device counts as exclusive, which can
-        # refuse a claim but never prepares a device twice.
-        self._admin: set[tuple[str, str]] = set()
         # Claims between planning and completion, with their devices (not on disk yet).
         self._inflight: dict[str, Prepared] = {}
 
@@ -34,7 +37,7 @@ class DeviceHolders:
         claims = [(c.uid, c.devices) for c in checkpoint.claims.values()]
         for uid, devices in [*claims, *self._inflight.items()]:
             for device in devices:
-                if (uid, device.device) not in self._admin:
+                if not device.admin_access:
                     found[device.device] = uid
         return found
 
@@ -42,13 +45,12 @@ class DeviceHolders:
         self,
         uid: str,
         devices: Prepared,
-        admin: frozenset[str],
         holders: Mapping[str, str],
         checkpoint: cp.Checkpoint,
     ) -> str | None:
         """Why ``uid`` cannot take ``devices`` (naming the other claim), or None."""
         for device in devices:
-            if device.device in admin:
+            if device.admin_access:
                 continue
             holder = holders.get(device.device)
             if holder is not None and holder != uid:
@@ -61,19 +63,10 @@ class DeviceHolders:
                 )
         return None
 
-    def reserve(self, uid: str, devices: Prepared, admin: frozenset[str]) -> None:
+    def reserve(self, uid: str, devices: Prepared) -> None:
         """Hold ``devices`` for ``uid`` until :meth:`settle`."""
-        self.forget(uid)
-        self._admin.update((uid, name) for name in admin)
         self._inflight[uid] = devices
 
-    def settle(self, uid: str, *, prepared: bool) -> None:
-        """End the reservation; a prepared claim keeps its admin-access marks."""
-        self._inflight.pop(uid, None)
-        if not prepared:
-            self.forget(uid)
-
-    def forget(self, uid: str) -> None:
-        """Drop everything known about ``uid`` (after unprepare or a failed prepare)."""
-        self._admin = {(owner, name) for owner, name in self._admin if owner != uid}
+    def settle(self, uid: str) -> None:
+        """End the reservation (the claim is in the checkpoint now, or failed)."""
         self._inflight.pop(uid, None)

@@ -2,7 +2,11 @@
 
 Whatever happened while the agent was down (a crash between two writes, a reboot that
 emptied the tmpfs ``/var/run/cdi``, a damaged checkpoint) is repaired here, once, before
-the first prepare is accepted. The rules, in order:
+the first prepare is accepted. It runs under the node lock: during a rolling upgrade the
+other agent instance may be in the middle of a prepare, and its ``PrepareStarted`` entry
+and fresh CDI spec are not leftovers while it holds the lock. The engine also runs it when
+it finds, under the lock, that the other instance left a checkpoint that does not load
+cleanly (a restart would see the same file). The rules, in order:
 
 1. The checkpoint is loaded by ``CheckpointStore``. A corrupt file is quarantined by the
    store; we post a Warning Event ``CheckpointCorrupted`` on the Node and rebuild state
@@ -71,10 +75,16 @@ def is_adopted(claim: cp.PreparedClaim) -> bool:
 
 
 async def reconcile(
-    store: CheckpointStore, specs: CdiSpecDirectory, facts: HostFacts, events: EventPoster
+    store: CheckpointStore,
+    specs: CdiSpecDirectory,
+    facts: HostFacts,
+    events: EventPoster,
+    loaded: LoadResult | None = None,
 ) -> tuple[cp.Checkpoint, StartupReport]:
-    """Load, repair and save the checkpoint; returns it and a report (module docstring)."""
-    loaded = await anyio.to_thread.run_sync(store.load)
+    """Load (unless ``loaded`` is given), repair and save the checkpoint; returns it and a
+    report (module docstring). The caller holds the node lock."""
+    if loaded is None:
+        loaded = await anyio.to_thread.run_sync(store.load)
     checkpoint, report = await anyio.to_thread.run_sync(_repair, loaded, store, specs, facts)
     posted: list[str] = []
     if loaded.status is LoadStatus.CORRUPT:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -231,3 +232,42 @@ def test_load_cleans_leftover_temporaries(tmp_path: Path) -> None:
     leftover.write_bytes(b"{half")
     assert store(tmp_path).load().status is LoadStatus.LOADED
     assert not leftover.exists()
+
+
+def test_admin_access_is_recorded_only_when_true() -> None:
+    admin = dataclasses.replace(GPU, admin_access=True)
+    state = cp.mark_started(cp.Checkpoint(BOOT), UID, "ns", "monitor")
+    state = cp.mark_completed(state, UID, [admin, MIG], "f.json")
+    document = cp.to_dict(state)
+    devices = document["claims"][UID]["devices"]
+    assert devices[0]["adminAccess"] is True
+    assert "adminAccess" not in devices[1]  # a file an agent without the field still reads
+    assert cp.from_dict(json.loads(json.dumps(document))) == state
+    old = cp.from_dict(cp.to_dict(prepared()))  # written before the field existed
+    assert [d.admin_access for d in old.claims[UID].devices] == [False, False]
+    devices[0]["adminAccess"] = "yes"
+    with pytest.raises(CheckpointFormatError, match=r"devices\[0\].adminAccess"):
+        cp.from_dict(_resigned(document))
+
+
+def test_store_notices_every_write_by_another_store(tmp_path: Path) -> None:
+    ours, theirs = store(tmp_path), store(tmp_path)
+    assert ours.changed()  # nothing read yet
+    assert ours.load().status is LoadStatus.MISSING
+    assert not ours.changed()
+    theirs.save(prepared())
+    assert ours.changed()
+    assert ours.load().checkpoint == prepared()
+    assert not ours.changed()
+    ours.save(cp.remove_claim(prepared(), UID2))
+    assert not ours.changed()  # our own write
+    for _ in range(50):  # same size, within one mtime tick: the pinned inode still differs
+        theirs.save(prepared())
+        theirs.save(prepared())
+        assert ours.changed()
+        ours.load()
+        assert not ours.changed()
+    (tmp_path / FILE_NAME).unlink()
+    assert ours.changed()
+    ours.close()
+    theirs.close()

@@ -9,7 +9,6 @@ import pytest
 from agent.dra import cdi
 from agent.node.checkpoint_store import LoadStatus
 from agent.node.engine import PrepareEngine
-from agent.node.errors import LockTimeout
 from agent.node.reconcile import StartupReport
 from agent.node.types import ClaimRef
 from tests.unit.node.engine_support import DRIVER, Node
@@ -115,17 +114,3 @@ async def test_reboot_drops_previous_boot_claims(node: Node) -> None:
         node.assert_consistent()
     finally:
         await engine.close()
-
-
-async def test_a_second_instance_waits_for_the_node_lock(node: Node) -> None:
-    first = node.engine()
-    await first.start()
-    try:
-        second = node.engine(lock_timeout_s=0.2)
-        with pytest.raises(LockTimeout):
-            await second.start()
-    finally:
-        await first.close()
-    second = node.engine()
-    await second.start()
-    await second.close()
