@@ -38,6 +38,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agent.discover",
         "show the GPUs found and the ResourceSlices the agent would publish",
     ),
+    "run": (
+        "agent.run",
+        "run the kubelet plugin: publish the GPUs, prepare and unprepare claims",
+    ),
+    "demo": (
+        "agent.demo",
+        "watch the agent work end to end: API server, agent and kubelet emulator",
+    ),
+    "probe": (
+        "agent.probe",
+        "check that a running agent answers the kubelet (for liveness and startup probes)",
+    ),
 }
 SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "apiserver": (
@@ -48,6 +60,10 @@ SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agent.sim.kubelet.cli",
         "run the kubelet emulator: registers plugins and calls them like a kubelet",
     ),
+    "xid": ("agent.sim.control.xid", "inject an XID into a GPU of a running simulated agent"),
+    "ecc": ("agent.sim.control.ecc", "inject an ECC error into a GPU of a simulated agent"),
+    "gpu-lost": ("agent.sim.control.gpu_lost", "make a GPU of a simulated agent fall off the bus"),
+    "recover": ("agent.sim.control.recover", "complete a GPU reset on a simulated agent's GPU"),
 }
 
 

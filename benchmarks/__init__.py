@@ -13,7 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Benchmark modules, run in this order.
-MODULES: tuple[str, ...] = ("benchmarks.slice_publisher",)
+MODULES: tuple[str, ...] = (
+    "benchmarks.slice_publisher",
+    "benchmarks.bench_prepare",
+    "benchmarks.bench_health",
+)
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,15 @@ from typing import Any
 
 import pynvml
 
-from agent.hardware.simulated import capi_device, capi_events, capi_mig
+from agent.hardware.simulated import capi_device, capi_events, capi_fields, capi_mig
 from agent.hardware.simulated.events import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_SINGLE_BIT_ECC,
     EVENT_XID_CRITICAL,
     NO_INSTANCE,
+    RECOVERY_ACTION_GPU_RESET,
+    RECOVERY_ACTION_NONE,
+    XID_RECOVERY_ACTIONS,
     SimEvent,
     SimEventSet,
 )
@@ -72,7 +75,7 @@ class SimulatedNvmlLibrary:
         self._failures: dict[str, deque[int]] = {}
         self._latency: dict[str | None, float] = {}
         self._mig_listeners: list[Callable[[], None]] = []
-        for module in (capi_device, capi_mig, capi_events):
+        for module in (capi_device, capi_mig, capi_events, capi_fields):
             for name, impl in module.FUNCTIONS.items():
                 setattr(self, name, CFunction(self, name, impl))
 
@@ -85,15 +88,27 @@ class SimulatedNvmlLibrary:
         gpu_instance_id: int | None = None,
         compute_instance_id: int | None = None,
     ) -> int:
-        """Deliver an XID critical-error event; returns how many event sets received it."""
-        return self.inject_event(
-            gpu_index, EVENT_XID_CRITICAL, xid, gpu_instance_id, compute_instance_id
-        )
+        """Deliver an XID critical-error event; returns how many event sets received it.
+
+        XIDs after which the real driver wants a reset also set the GPU's pending recovery
+        action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``), which :meth:`recover_gpu` clears.
+        """
+        with self.lock:
+            action = XID_RECOVERY_ACTIONS.get(xid)
+            if action is not None:
+                self.state.gpus[gpu_index].recovery_action = action
+            return self.inject_event(
+                gpu_index, EVENT_XID_CRITICAL, xid, gpu_instance_id, compute_instance_id
+            )
 
     def inject_ecc(self, gpu_index: int, double_bit: bool = True) -> int:
-        """Deliver a double-bit (default) or single-bit ECC error event."""
+        """Deliver a double-bit (default; it also schedules a GPU reset) or single-bit ECC
+        error event."""
         kind = EVENT_DOUBLE_BIT_ECC if double_bit else EVENT_SINGLE_BIT_ECC
-        return self.inject_event(gpu_index, kind, 0)
+        with self.lock:
+            if double_bit:
+                self.state.gpus[gpu_index].recovery_action = RECOVERY_ACTION_GPU_RESET
+            return self.inject_event(gpu_index, kind, 0)
 
     def inject_event(
         self,
@@ -128,9 +143,11 @@ class SimulatedNvmlLibrary:
             self.changed.notify_all()
 
     def recover_gpu(self, gpu_index: int) -> None:
-        """Bring a lost GPU back (as after a reset)."""
+        """Complete a GPU reset: a lost GPU answers again and no recovery action is pending."""
         with self.lock:
-            self.state.gpus[gpu_index].lost = False
+            gpu = self.state.gpus[gpu_index]
+            gpu.lost = False
+            gpu.recovery_action = RECOVERY_ACTION_NONE
             self.changed.notify_all()
 
     def fail_next(self, function: str, error: int, count: int = 1) -> None:

@@ -77,6 +77,7 @@ class SimGpu:
     mig_current: int = 0
     mig_pending: int = 0
     lost: bool = False
+    recovery_action: int = 0  # NVML_GPU_RECOVERY_ACTION_*: what the driver wants done next
     generation: int = 0  # bumps on every MIG creation, so recreated MIG devices get new UUIDs
     gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
 

@@ -1,0 +1,300 @@
+"""The agent's settings: one frozen record, read from flags, the environment and a YAML file.
+
+An operator sets the agent up through a DaemonSet (environment variables from the downward API,
+flags in ``args``) or, on a bare host, through a config file; all three must agree on names and
+meaning, and a wrong value must be reported before anything touches the host, naming where the
+value came from (``--node-name``, ``NODE_NAME`` or the config file's key). Precedence is
+flags > environment > config file > defaults. Nothing here performs I/O beyond reading the
+config file and checking that named files exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.dra.names import is_dns_subdomain
+from agent.errors import AgentError
+from agent.health.policy import HealthPolicy, parse_xid_actions, policy_with
+
+DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
+DEFAULT_REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+DEFAULT_CDI_ROOT = Path("/var/run/cdi")
+#: ``sun_path`` holds 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+#: Directory under the plugin data directory where ``--simulate`` lays out its fake host.
+SIMULATED_HOST_DIR = "simulated-host"
+_MAX_DRIVER_NAME_LENGTH = 63
+_INSTANCE_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+class ConfigError(AgentError):
+    """A setting is missing or invalid; the message names the flag, variable or key."""
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One setting: its key (flag and config-file name), environment variable and default."""
+
+    key: str
+    env: str | None
+    default: str | None
+    is_path: bool = False
+
+    @property
+    def attribute(self) -> str:
+        return self.key.replace("-", "_")
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.key}"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("node-name", "NODE_NAME", None),
+    Setting("kubeconfig", "KUBECONFIG", None, is_path=True),
+    Setting("driver-name", None, DEFAULT_DRIVER_NAME),
+    Setting("registrar-dir", "KUBELET_REGISTRAR_DIRECTORY_PATH", str(DEFAULT_REGISTRAR_DIR), True),
+    Setting("plugins-dir", "KUBELET_PLUGINS_DIRECTORY_PATH", str(DEFAULT_PLUGINS_DIR), True),
+    Setting("cdi-root", "CDI_ROOT", str(DEFAULT_CDI_ROOT), is_path=True),
+    # driver-root and host-root default to "/" except in simulate mode (see load_config)
+    Setting("driver-root", "NVIDIA_DRIVER_ROOT", None, is_path=True),
+    Setting("host-root", None, None, is_path=True),
+    Setting("simulate", "GPU_DRA_SIMULATE", None),
+    Setting("instance-id", "POD_UID", None),
+    # health monitoring (docs/ARCHITECTURE.md, "Data flow: a health event")
+    Setting("health-monitoring", "GPU_DRA_HEALTH_MONITORING", "true"),
+    Setting("health-xids", None, None),  # "79=NoExecute, 62=Ignore": laid over the defaults
+    Setting("health-quarantine-seconds", None, None),
+)
+_BY_KEY = {s.key: s for s in SETTINGS}
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything ``gpu-dra-agent run`` needs to know, validated; paths are absolute."""
+
+    node_name: str
+    kubeconfig: Path | None
+    driver_name: str
+    registrar_dir: Path
+    plugins_dir: Path
+    cdi_root: Path
+    driver_root: Path
+    host_root: Path
+    simulate: str | None
+    instance_id: str | None
+    health_monitoring: bool = True
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+
+    @property
+    def plugin_dir(self) -> Path:
+        """The driver's data directory: DRA socket, checkpoint, lock (same inside and outside
+        the container, as the kubelet dials the socket by this path)."""
+        return self.plugins_dir / self.driver_name
+
+    @property
+    def dra_socket(self) -> Path:
+        name = f"dra-{self.instance_id}.sock" if self.instance_id else "dra.sock"
+        return self.plugin_dir / name
+
+    @property
+    def registration_socket(self) -> Path:
+        suffix = f"-{self.instance_id}" if self.instance_id else ""
+        return self.registrar_dir / f"{self.driver_name}{suffix}-reg.sock"
+
+
+@dataclass(frozen=True, slots=True)
+class _Value:
+    value: str
+    source: str  # how an operator finds it: "--node-name", "NODE_NAME", "file.yaml: node-name"
+
+
+def read_config_file(path: Path) -> dict[str, str]:
+    """The settings in a YAML config file, keyed like the flags (``node-name``)."""
+    try:
+        document = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from err
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(
+            f"config file {path} must be a mapping of settings (e.g. 'node-name: node-a'), "
+            f"not a {type(document).__name__}"
+        )
+    settings: dict[str, str] = {}
+    for raw_key, value in document.items():
+        key = str(raw_key).replace("_", "-")
+        if key not in _BY_KEY:
+            known = ", ".join(s.key for s in SETTINGS)
+            raise ConfigError(f"config file {path}: unknown key {raw_key!r}; known keys: {known}")
+        if key in settings:
+            raise ConfigError(f"config file {path}: key {raw_key!r} is given twice")
+        if value is None or isinstance(value, dict | list):
+            raise ConfigError(
+                f"config file {path}: key {raw_key!r} needs a single value, got {value!r}"
+            )
+        settings[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    return settings
+
+
+def _merge(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    file_values: Mapping[str, str],
+    path: Path | None,
+) -> dict[str, _Value]:
+    merged: dict[str, _Value] = {}
+    for setting in SETTINGS:
+        flag_value = flags.get(setting.attribute)
+        if flag_value is not None:
+            merged[setting.key] = _Value(str(flag_value), setting.flag)
+        elif setting.env is not None and environ.get(setting.env):
+            merged[setting.key] = _Value(environ[setting.env], setting.env)
+        elif setting.key in file_values:
+            merged[setting.key] = _Value(file_values[setting.key], f"{path}: {setting.key}")
+        elif setting.default is not None:
+            merged[setting.key] = _Value(setting.default, f"default of {setting.flag}")
+    return merged
+
+
+def _absolute(value: _Value) -> Path:
+    if not value.value.strip():
+        raise ConfigError(f"{value.source} is empty; give a directory or file path")
+    return Path(value.value).absolute()
+
+
+def _check_socket_length(path: Path, sources: str) -> None:
+    length = len(os.fsencode(path))
+    if length > MAX_SOCKET_PATH_BYTES:
+        raise ConfigError(
+            f"socket path {path} is {length} bytes, more than the {MAX_SOCKET_PATH_BYTES} a unix "
+            f"socket path may have; shorten {sources}"
+        )
+
+
+def load_config(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    config_file: Path | None = None,
+) -> AgentConfig:
+    """Merge the sources and validate; raise ConfigError naming the offending source.
+
+    ``flags`` maps attribute names (``node_name``) to values, ``None`` meaning "not given".
+    """
+    environ = os.environ if environ is None else environ
+    file_values = read_config_file(config_file) if config_file is not None else {}
+    values = _merge(flags, environ, file_values, config_file)
+
+    node = values.get("node-name")
+    if node is None:
+        raise ConfigError(
+            "the node name is required: pass --node-name or set NODE_NAME (in a DaemonSet, from "
+            "the downward API field spec.nodeName)"
+        )
+    if not is_dns_subdomain(node.value):
+        raise ConfigError(
+            f"{node.source} {node.value!r} is not a valid node name: it must be a lower-case DNS "
+            "subdomain (letters, digits, '-' and '.', at most 253 characters); use the name "
+            "`kubectl get nodes` shows"
+        )
+    driver = values["driver-name"]
+    if not is_dns_subdomain(driver.value, _MAX_DRIVER_NAME_LENGTH):
+        raise ConfigError(
+            f"{driver.source} {driver.value!r} is not a valid DRA driver name: it must be a "
+            f"lower-case DNS subdomain of at most {_MAX_DRIVER_NAME_LENGTH} characters, "
+            "e.g. gpu.nvidia.com"
+        )
+    instance = values.get("instance-id")
+    instance_id = instance.value.lower() if instance is not None else None
+    if instance is not None and (instance_id is None or not _INSTANCE_ID.fullmatch(instance_id)):
+        raise ConfigError(
+            f"{instance.source} {instance.value!r} is not a valid instance id: use the pod UID "
+            "(letters, digits and '-', at most 63 characters); it becomes part of socket names"
+        )
+
+    kubeconfig = None
+    if "kubeconfig" in values:
+        raw = values["kubeconfig"]
+        if os.pathsep in raw.value:
+            raise ConfigError(
+                f"{raw.source} names several files ({raw.value}); the agent reads one kubeconfig"
+            )
+        kubeconfig = _absolute(raw)
+        if not kubeconfig.is_file():
+            raise ConfigError(f"{raw.source}: kubeconfig {kubeconfig} does not exist")
+
+    simulate = values.get("simulate")
+    if simulate is not None and not simulate.value.strip():
+        raise ConfigError(f"{simulate.source} is empty; name a profile such as dgx-h100")
+
+    plugins_dir = _absolute(values["plugins-dir"])
+    plugin_dir = plugins_dir / driver.value
+    simulated_root = plugin_dir / SIMULATED_HOST_DIR
+    roots: dict[str, Path] = {}
+    for key in ("driver-root", "host-root"):
+        if key in values:
+            roots[key] = _absolute(values[key])
+        else:
+            roots[key] = simulated_root if simulate is not None else Path("/")
+
+    config = AgentConfig(
+        node_name=node.value,
+        kubeconfig=kubeconfig,
+        driver_name=driver.value,
+        registrar_dir=_absolute(values["registrar-dir"]),
+        plugins_dir=plugins_dir,
+        cdi_root=_absolute(values["cdi-root"]),
+        driver_root=roots["driver-root"],
+        host_root=roots["host-root"],
+        simulate=simulate.value if simulate is not None else None,
+        instance_id=instance_id,
+        health_monitoring=_boolean(values["health-monitoring"]),
+        health=_health_policy(values),
+    )
+    _check_socket_length(
+        config.dra_socket, f"{values['plugins-dir'].source}, the driver name or the instance id"
+    )
+    _check_socket_length(
+        config.registration_socket,
+        f"{values['registrar-dir'].source}, the driver name or the instance id",
+    )
+    return config
+
+
+def _boolean(value: _Value) -> bool:
+    text = value.value.strip().lower()
+    if text in ("true", "yes", "on", "1"):
+        return True
+    if text in ("false", "no", "off", "0"):
+        return False
+    raise ConfigError(f"{value.source} {value.value!r} is not a boolean; use true or false")
+
+
+def _health_policy(values: Mapping[str, _Value]) -> HealthPolicy:
+    xids, quarantine = values.get("health-xids"), values.get("health-quarantine-seconds")
+    try:
+        overrides = parse_xid_actions(xids.value) if xids is not None else None
+    except ValueError as err:
+        raise ConfigError(f"{xids.source if xids else 'health-xids'}: {err}") from err
+    seconds = None
+    if quarantine is not None:
+        try:
+            seconds = float(quarantine.value)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            raise ConfigError(
+                f"{quarantine.source} {quarantine.value!r} is not a number of seconds (>= 0)"
+            )
+    return policy_with(overrides, seconds)

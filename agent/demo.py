@@ -1,0 +1,245 @@
+"""Watch the whole agent work on one screen, without a GPU or a cluster (``gpu-dra-agent demo``).
+
+A person evaluating the agent wants to see it do its real job: register with a kubelet,
+publish ResourceSlices, prepare claims into CDI devices and clean up. This command starts the
+embedded API server, runs the real ``gpu-dra-agent run`` command as a subprocess on a simulated
+host, and drives it with the kubelet emulator, in a temporary directory that is removed at the
+end. It exits 0 only if every step worked, so it doubles as a smoke test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from anyio.abc import Process
+
+DRIVER = "gpu.nvidia.com"
+NAMESPACE = "default"
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 20.0
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add the ``demo`` options (cheap: nothing heavy imported)."""
+    parser.add_argument(
+        "--simulate", default="dgx-h100", metavar="PROFILE", help="host profile (default dgx-h100)"
+    )
+    parser.add_argument("--node-name", default="demo-node", help="node name (default demo-node)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the temporary directory (files, agent log)"
+    )
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+class DemoFailed(Exception):
+    """A demo step did not do what it should; the message says which."""
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Run the demo; returns 0 when every step worked."""
+    from agent.errors import AgentError
+    from agent.sim.claims import ClaimCreationError
+    from agent.sim.kubelet import KubeletEmulatorError
+
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("agent.sim").setLevel(logging.WARNING)
+    workdir = Path(tempfile.mkdtemp(prefix="gda-demo-", dir="/tmp"))
+    failure: str | None = None
+    try:
+        await _demo(args, workdir)
+    except* (
+        DemoFailed,
+        TimeoutError,
+        AgentError,
+        KubeletEmulatorError,
+        ClaimCreationError,
+    ) as group:
+        failure = "; ".join(str(e) or type(e).__name__ for e in _leaves(group))
+    finally:
+        if failure is not None:
+            _report_failure(failure, workdir)
+        if args.keep:
+            say(f"(files kept in {workdir})")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if failure is not None:
+        return 1
+    say("\ndemo finished: every step worked")
+    return 0
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
+
+
+def _report_failure(failure: str, workdir: Path) -> None:
+    say(f"\nDEMO FAILED: {failure}")
+    log = workdir / "agent.log"
+    if log.exists():
+        say("last lines of the agent's log:")
+        say("\n".join(log.read_text(errors="replace").splitlines()[-30:]))
+
+
+def agent_command(workdir: Path, kubeconfig: Path, node_name: str, simulate: str) -> list[str]:
+    """The ``gpu-dra-agent run`` command line the demo starts (same as a DaemonSet's)."""
+    return [
+        sys.executable,
+        "-m",
+        "agent",
+        "run",
+        "--simulate",
+        simulate,
+        "--node-name",
+        node_name,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--registrar-dir",
+        str(workdir / "registry"),
+        "--plugins-dir",
+        str(workdir / "plugins"),
+        "--cdi-root",
+        str(workdir / "cdi"),
+    ]
+
+
+async def _demo(args: argparse.Namespace, workdir: Path) -> None:
+    import anyio
+
+    from agent.sim.apiserver import EmbeddedApiServer
+    from agent.sim.kubelet import KubeletEmulator
+
+    node = args.node_name
+    async with EmbeddedApiServer() as server:
+        kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        say(f"1. embedded Kubernetes API server at {server.url}, Node {node} created")
+        command = agent_command(workdir, kubeconfig, node, args.simulate)
+        with (workdir / "agent.log").open("wb") as agent_log:
+            process = await anyio.open_process(command, stdout=agent_log, stderr=agent_log)
+            try:
+                say(f"2. started the agent (pid {process.pid}) on a simulated {args.simulate}:")
+                say("   " + " ".join(["gpu-dra-agent", *command[3:]]))
+                async with KubeletEmulator(workdir / "registry", node_name=node) as kubelet:
+                    registration = await _wait_registered(kubelet, process)
+                    say(
+                        f"3. the kubelet emulator registered {registration.driver}: "
+                        f"endpoint {registration.endpoint}, API {registration.dra_service}"
+                    )
+                    await _show_slices(server, node)
+                    await _prepare_and_unprepare(server, kubelet, node)
+            finally:
+                await _stop(process)
+        left = await anyio.to_thread.run_sync(lambda: [str(p) for p in workdir.rglob("*.sock")])
+        if left:
+            raise DemoFailed(f"the agent left sockets behind: {', '.join(left)}")
+        say(f"8. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
+
+
+async def _wait_registered(kubelet: Any, process: Process) -> Any:
+    """The agent's registration, or DemoFailed as soon as the agent exits instead."""
+    import anyio
+
+    async def agent_exited() -> None:
+        status = await process.wait()
+        raise DemoFailed(f"the agent exited with status {status} before registering")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(agent_exited)
+        with anyio.fail_after(START_TIMEOUT):
+            registration = await kubelet.wait_registered(DRIVER, START_TIMEOUT)
+        group.cancel_scope.cancel()
+    return registration
+
+
+async def _show_slices(server: Any, node: str) -> None:
+    import anyio
+
+    with anyio.fail_after(START_TIMEOUT):
+        while not (slices := server.list_objects("resourceslices")):  # noqa: ASYNC110
+            await anyio.sleep(0.1)
+    say(f"4. ResourceSlices published for node {node}:")
+    for item in slices:
+        spec = item["spec"]
+        names = [d["name"] for d in spec.get("devices", [])]
+        say(
+            f"   {item['metadata']['name']}: driver {spec['driver']}, pool {spec['pool']['name']} "
+            f"(generation {spec['pool']['generation']}), {len(names)} devices: {', '.join(names)}"
+        )
+
+
+async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> None:
+    from agent.sim.claims import AllocatedDevice, create_allocated_claim
+    from agent.sim.kubelet import ClaimRef
+
+    wanted = {
+        "one-gpu": [AllocatedDevice(request="gpu", device="gpu-0", pool=node)],
+        "four-gpus": [
+            AllocatedDevice(request="gpus", device=f"gpu-{i}", pool=node) for i in range(4, 8)
+        ],
+    }
+    refs = []
+    for name, devices in wanted.items():
+        claim = await create_allocated_claim(
+            server.url, name, devices, namespace=NAMESPACE, node_name=node
+        )
+        refs.append(ClaimRef(namespace=NAMESPACE, name=name, uid=claim["metadata"]["uid"]))
+    say("5. created two allocated ResourceClaims (as the scheduler leaves them):")
+    for ref, devices in zip(refs, wanted.values(), strict=True):
+        say(f"   {ref.namespace}/{ref.name} uid {ref.uid}: {', '.join(d.device for d in devices)}")
+
+    say("6. NodePrepareResources, as the kubelet calls it before starting the pods:")
+    for ref in refs:
+        results = await kubelet.prepare(DRIVER, [ref])
+        result = results[ref.uid]
+        if result.error:
+            raise DemoFailed(f"preparing {ref.name} failed: {result.error}")
+        say(f"   {ref.name}:")
+        for device in result.devices:
+            say(f"     {device.device_name} (request {', '.join(device.request_names)})")
+            for cdi_id in device.cdi_device_ids:
+                say(f"       CDI device {cdi_id}")
+    _show_cdi_files(Path(kubelet.registrar_dir).parent / "cdi")
+
+    say("7. NodeUnprepareResources, as the kubelet calls it when the pods are gone:")
+    results = await kubelet.unprepare(DRIVER, refs)
+    for ref in refs:
+        error = results[ref.uid].error
+        if error:
+            raise DemoFailed(f"unpreparing {ref.name} failed: {error}")
+        say(f"   {ref.name}: unprepared")
+    _show_cdi_files(Path(kubelet.registrar_dir).parent / "cdi")
+
+
+def _show_cdi_files(cdi_root: Path) -> None:
+    files: Sequence[Path] = sorted(cdi_root.glob("*")) if cdi_root.is_dir() else []
+    say(f"   CDI spec files in {cdi_root}: {', '.join(f.name for f in files) or '(none)'}")
+
+
+async def _stop(process: Process) -> None:
+    import anyio
+
+    if process.returncode is None:
+        process.send_signal(signal.SIGTERM)
+    with anyio.move_on_after(STOP_TIMEOUT):
+        await process.wait()
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+        raise DemoFailed(f"the agent did not stop within {STOP_TIMEOUT:g} s of SIGTERM")
+    if process.returncode != 0:
+        raise DemoFailed(f"the agent exited with status {process.returncode}")

@@ -1,0 +1,235 @@
+"""The NVML event pump: one event set, a blocking wait in a thread of its own, HealthEvents out.
+
+``nvmlEventSetWait_v2`` blocks until an event arrives or its timeout passes. Run through the
+shared NVML limiter it would hold every other NVML call (prepares, recovery polls) hostage, so the
+pump has a limiter of its own; the wait's timeout is short (0.5 s) so that a cancelled pump stops
+promptly. After the first event of a wakeup the pump drains what else is pending without waiting,
+so an event storm reaches the health state machine in a few large batches, not one hop per event.
+
+A GPU whose registration fails is reported ``UNMONITORED``, never skipped silently. When the wait
+answers GPU_IS_LOST (or an event's device cannot be read) the pump probes every watched GPU,
+reports the ones that no longer answer as ``GPU_LOST`` and builds a fresh event set without them:
+a set keeps answering GPU_IS_LOST while it holds a lost GPU, and NVML cannot unregister one. A GPU
+that comes back is added again by :meth:`EventPump.rearm` (the health monitor polls lost GPUs).
+Builds are at least a second apart, so a failing NVML cannot turn the pump into a busy loop; the
+price is that events still queued in a set being replaced are dropped (the set holds a lost GPU
+and answers GPU_IS_LOST before anything else).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pynvml
+
+from agent.health.events import EventKind, HealthEvent
+
+log = logging.getLogger(__name__)
+
+WANTED_EVENTS = (
+    pynvml.nvmlEventTypeXidCriticalError
+    | pynvml.nvmlEventTypeDoubleBitEccError
+    | pynvml.nvmlEventTypeSingleBitEccError
+)
+NO_INSTANCE = 0xFFFFFFFF
+#: Longest wait of one NVML call: bounds how long a cancelled pump takes to stop.
+DEFAULT_WAIT_TIMEOUT = 0.5
+#: Most events taken from NVML per wakeup; the rest follow in the next batch.
+DEFAULT_MAX_BATCH = 4096
+#: Least time between two event set builds: a failing NVML must not turn the pump into a busy loop.
+DEFAULT_REBUILD_INTERVAL = 1.0
+
+EventSink = Callable[[Sequence[HealthEvent]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class WatchedGpu:
+    index: int
+    uuid: str
+
+
+class EventPump:
+    """``await pump.run(sink)``: calls ``sink(events)`` on the event loop for every batch."""
+
+    def __init__(
+        self,
+        gpus: Sequence[WatchedGpu],
+        *,
+        wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        rebuild_interval: float = DEFAULT_REBUILD_INTERVAL,
+    ) -> None:
+        self._gpus = {g.uuid: g for g in gpus}
+        self._wait_ms = max(1, int(wait_timeout * 1000))
+        self._max_batch = max_batch
+        self._limiter = anyio.CapacityLimiter(1)
+        self._event_set: Any = None
+        self._handles: dict[int, str] = {}  # device pointer value -> GPU UUID
+        self._watched: set[str] = set()
+        self._excluded: set[str] = set()  # lost GPUs, left out until rearmed
+        self._rebuild = True
+        self._rebuild_interval = rebuild_interval
+        self._built_at: float | None = None
+        #: Batches handed to the sink and events in them (for tests and benchmarks).
+        self.batches = 0
+        self.events = 0
+
+    @property
+    def watched(self) -> frozenset[str]:
+        """UUIDs of the GPUs whose events are registered now."""
+        return frozenset(self._watched)
+
+    def rearm(self, uuid: str) -> None:
+        """Watch a GPU again (it answers NVML again); takes effect within one wait timeout."""
+        if uuid in self._excluded:
+            self._excluded.discard(uuid)
+            self._rebuild = True
+
+    async def run(self, sink: EventSink) -> None:
+        try:
+            while True:
+                if self._rebuild:
+                    await self._pace_rebuild()
+                    self._rebuild = False
+                    self._deliver(sink, await self._in_thread(self._build_set))
+                if self._event_set is None:  # NVML could not create one: try again later
+                    self._rebuild = True
+                    continue
+                batch = await self._in_thread(self._wait_batch)
+                self._deliver(sink, batch)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._in_thread(self._free_set)
+
+    async def _pace_rebuild(self) -> None:
+        now = anyio.current_time()
+        if self._built_at is not None:
+            await anyio.sleep(max(0.0, self._built_at + self._rebuild_interval - now))
+        self._built_at = anyio.current_time()
+
+    def _deliver(self, sink: EventSink, events: list[HealthEvent]) -> None:
+        if events:
+            self.batches += 1
+            self.events += len(events)
+            sink(events)
+
+    async def _in_thread(self, fn: Callable[[], Any]) -> Any:
+        return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    # -- in the pump's thread ------------------------------------------------------------------
+
+    def _build_set(self) -> list[HealthEvent]:
+        """A new event set with every GPU not excluded; frees the old one."""
+        self._free_set()
+        self._handles.clear()
+        self._watched.clear()
+        try:
+            self._event_set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as err:
+            log.warning("cannot create an NVML event set (%s); no GPU is watched", err)
+            detail = f"NVML could not create an event set: {err}"
+            return [
+                HealthEvent(g.uuid, EventKind.UNMONITORED, detail=detail)
+                for g in self._gpus.values()
+                if g.uuid not in self._excluded
+            ]
+        events = []
+        for gpu in self._gpus.values():
+            if gpu.uuid in self._excluded:
+                continue
+            event = self._register(gpu)
+            events.append(event)
+        return events
+
+    def _register(self, gpu: WatchedGpu) -> HealthEvent:
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+            supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
+            mask = WANTED_EVENTS & supported
+            if not mask & pynvml.nvmlEventTypeXidCriticalError:
+                return HealthEvent(
+                    gpu.uuid, EventKind.UNMONITORED, detail="the GPU does not report XID events"
+                )
+            pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+        except pynvml.NVMLError as err:
+            if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                self._excluded.add(gpu.uuid)
+                return HealthEvent(gpu.uuid, EventKind.GPU_LOST, detail="while registering events")
+            log.warning("cannot watch GPU %d (%s) for health events: %s", gpu.index, gpu.uuid, err)
+            return HealthEvent(gpu.uuid, EventKind.UNMONITORED, detail=f"NVML: {err}")
+        self._handles[_pointer(handle)] = gpu.uuid
+        self._watched.add(gpu.uuid)
+        return HealthEvent(gpu.uuid, EventKind.MONITORED)
+
+    def _wait_batch(self) -> list[HealthEvent]:
+        if self._event_set is None:
+            return []
+        events: list[HealthEvent] = []
+        timeout = self._wait_ms
+        while len(events) < self._max_batch:
+            try:
+                data = pynvml.nvmlEventSetWait_v2(self._event_set, timeout)
+            except pynvml.NVMLError as err:
+                if err.value == pynvml.NVML_ERROR_TIMEOUT:
+                    return events
+                if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                    return events + self._find_lost("the event wait answered GPU_IS_LOST")
+                log.warning("NVML event wait failed (%s); building a new event set", err)
+                self._rebuild = True
+                return events
+            timeout = 0  # drain what is pending, without waiting
+            event = self._convert(data)
+            if event is None:
+                return events + self._find_lost("an event's GPU could not be read")
+            events.append(event)
+        return events
+
+    def _convert(self, data: Any) -> HealthEvent | None:
+        uuid = self._handles.get(_pointer(data.device))
+        if uuid is None:
+            try:
+                uuid = pynvml.nvmlDeviceGetUUID(data.device)
+            except pynvml.NVMLError:
+                return None
+            if uuid not in self._gpus:
+                return None
+        gi = None if data.gpuInstanceId == NO_INSTANCE else int(data.gpuInstanceId)
+        ci = None if data.computeInstanceId == NO_INSTANCE else int(data.computeInstanceId)
+        event_type = int(data.eventType)
+        if event_type & pynvml.nvmlEventTypeXidCriticalError:
+            return HealthEvent(uuid, EventKind.XID, int(data.eventData), gi, ci)
+        if event_type & pynvml.nvmlEventTypeDoubleBitEccError:
+            return HealthEvent(uuid, EventKind.ECC_DOUBLE_BIT, 0, gi, ci)
+        return HealthEvent(uuid, EventKind.ECC_SINGLE_BIT, 0, gi, ci)
+
+    def _find_lost(self, why: str) -> list[HealthEvent]:
+        """Probe every watched GPU; report and exclude those that no longer answer."""
+        lost = []
+        for uuid in sorted(self._watched):
+            try:
+                pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+            except pynvml.NVMLError as err:
+                self._excluded.add(uuid)
+                lost.append(HealthEvent(uuid, EventKind.GPU_LOST, detail=f"{why}; probe: {err}"))
+        if not lost:
+            log.warning("%s, but every GPU answers; building a new event set", why)
+        self._rebuild = True
+        return lost
+
+    def _free_set(self) -> None:
+        event_set, self._event_set = self._event_set, None
+        if event_set is not None:
+            try:
+                pynvml.nvmlEventSetFree(event_set)
+            except pynvml.NVMLError as err:
+                log.debug("freeing the NVML event set failed: %s", err)
+
+
+def _pointer(handle: Any) -> int:
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0

@@ -1,0 +1,202 @@
+"""The health monitor: runs the event pump and the recovery polls, and applies every transition.
+
+This is the edge around the pure :class:`~agent.health.state.HealthStateMachine`. Inputs: event
+batches from the pump, and a poll every ``recovery_poll_seconds`` that asks NVML whether lost
+GPUs answer again and whether GPUs with a reset-needing fault still have a recovery action
+pending. Outputs of a batch with transitions, in order of latency: the health stream (the hub
+hands the new list to every stream at once), the ResourceSlice taints (the publisher merges a
+burst into one write), and per changed condition a log line, a ``gpu.health.transition`` span and
+a Node Event. A storm is coalesced at each step: repeats do not transition, a batch's transitions
+of one condition produce one log line, span and Event, and Events go through a bounded queue
+(dropped and counted when full: they are best-effort, the taints and the stream are not).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import anyio
+import pynvml
+
+from agent.dra import build_devices
+from agent.dra.model import DraDevice
+from agent.hardware.events import EventPump
+from agent.hardware.inventory import Inventory
+from agent.hardware.nvml import Nvml
+from agent.health.events import EventKind, HealthEvent
+from agent.health.policy import HealthPolicy
+from agent.health.state import HealthStateMachine, Transition, device_map
+from agent.health.stream import HealthHub
+from agent.kube.events import EventPoster
+from agent.telemetry.tracing import tracer
+
+log = logging.getLogger(__name__)
+
+EVENT_QUEUE_SIZE = 64
+
+
+class DevicePublisher(Protocol):
+    def set_devices(self, devices: Sequence[DraDevice]) -> None: ...
+
+
+class HealthMonitor:
+    """``await monitor.run()`` in the supervisor's task group, until cancelled."""
+
+    def __init__(
+        self,
+        *,
+        nvml: Nvml,
+        inventory: Inventory,
+        policy: HealthPolicy,
+        publisher: DevicePublisher,
+        hub: HealthHub,
+        events: EventPoster,
+        pump: EventPump,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.machine = HealthStateMachine(policy, device_map(inventory))
+        self.policy = policy
+        self.hub = hub
+        self.pump = pump
+        self.dropped_events = 0
+        self.transitions = 0
+        self._nvml = nvml
+        self._inventory = inventory
+        self._publisher = publisher
+        self._events = events
+        self._clock = clock
+        self._outbox, self._inbox = anyio.create_memory_object_stream[tuple[str, str, str]](
+            EVENT_QUEUE_SIZE
+        )
+        hub.publish(self.machine.statuses())
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._post_events)
+            group.start_soon(self._poll_loop)
+            await self.pump.run(self.handle)
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Follow a hardware change (MIG devices created or destroyed): conditions stay with
+        their GPU, and the taints and the health list are republished for the new devices."""
+        self._inventory = inventory
+        self.machine.gpus = device_map(inventory)
+        self.hub.publish(self.machine.statuses())
+        self._publisher.set_devices(build_devices(inventory, taints=self.machine.taints()))
+
+    def handle(self, events: Sequence[HealthEvent]) -> None:
+        """Apply a batch of events (from the pump or a poll) now."""
+        self.apply(self.machine.observe(events, self._clock()))
+
+    def apply(self, transitions: Sequence[Transition]) -> None:
+        if not transitions:
+            return
+        self.transitions += len(transitions)
+        self.hub.publish(self.machine.statuses())
+        self._publisher.set_devices(build_devices(self._inventory, taints=self.machine.taints()))
+        for transition, repeats in _coalesce(transitions):
+            self._report(transition, repeats)
+
+    # -- recovery --------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.policy.recovery_poll_seconds)
+            await self.poll_once()
+
+    async def poll_once(self) -> None:
+        """Ask NVML what the due recovery checks need, then apply quarantine expiry."""
+        lost, reset = self.machine.due_polls(self._clock())
+        if lost or reset:
+            results = await self._nvml.run(_poll, sorted(lost), sorted(reset))
+            self.handle(results)
+            for event in results:
+                if event.kind is EventKind.GPU_ANSWERED:
+                    self.pump.rearm(event.gpu_uuid)
+        self.apply(self.machine.tick(self._clock()))
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def _report(self, transition: Transition, repeats: int) -> None:
+        gpu = self.machine.gpus[transition.gpu_uuid]
+        fault = transition.change != "removed"
+        fields: dict[str, Any] = {
+            "gpu": gpu.index,
+            "gpu_uuid": transition.gpu_uuid,
+            "devices": list(transition.devices),
+            "taint": transition.taint,
+            "change": transition.change,
+            "reason": transition.reason,
+        }
+        if repeats > 1:
+            fields["transitions_in_batch"] = repeats
+        with tracer().start_as_current_span("gpu.health.transition") as span:
+            for key, value in fields.items():
+                span.set_attribute(f"gpu.health.{key}", value)
+        log.log(
+            logging.WARNING if fault else logging.INFO,
+            "GPU %d health: %s",
+            gpu.index,
+            transition.describe(),
+            extra=fields,
+        )
+        event = ("Warning" if fault else "Normal", "GpuUnhealthy" if fault else "GpuHealthy")
+        try:
+            self._outbox.send_nowait((*event, f"GPU {gpu.index}: {transition.describe()}"))
+        except anyio.WouldBlock:
+            self.dropped_events += 1
+
+    async def _post_events(self) -> None:
+        async with self._inbox:
+            async for type_, reason, message in self._inbox:
+                await self._events.post(type_, reason, message)  # type: ignore[arg-type]
+
+
+def _coalesce(transitions: Sequence[Transition]) -> list[tuple[Transition, int]]:
+    """The last transition of each condition in a batch, with how many it stands for."""
+    last: dict[tuple[str, tuple[str, ...], str, str], tuple[Transition, int]] = {}
+    for t in transitions:
+        key = (t.gpu_uuid, t.devices, t.key, t.effect)
+        last[key] = (t, last.get(key, (t, 0))[1] + 1)
+    return list(last.values())
+
+
+def _poll(lost: Sequence[str], reset: Sequence[str]) -> list[HealthEvent]:
+    """In the NVML thread: which lost GPUs answer, and the recovery action of the others."""
+    events = []
+    for uuid in lost:
+        try:
+            pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByUUID(uuid))
+        except pynvml.NVMLError:
+            continue
+        events.append(HealthEvent(uuid, EventKind.GPU_ANSWERED))
+    for uuid in reset:
+        events.extend(_recovery_action(uuid))
+    return events
+
+
+def _recovery_action(uuid: str) -> list[HealthEvent]:
+    field = pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+    try:
+        [value] = pynvml.nvmlDeviceGetFieldValues(pynvml.nvmlDeviceGetHandleByUUID(uuid), [field])
+    except pynvml.NVMLError as err:
+        if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+            return [HealthEvent(uuid, EventKind.GPU_LOST, detail="recovery poll")]
+        if err.value in (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND):
+            return [HealthEvent(uuid, EventKind.RECOVERY_ACTION, recovery_action=None)]
+        log.debug("cannot read the recovery action of %s: %s", uuid, err)
+        return []
+    code = int(value.nvmlReturn)
+    if code == pynvml.NVML_SUCCESS:
+        action: int | None = int(value.value.uiVal)
+    elif code == pynvml.NVML_ERROR_NOT_SUPPORTED:
+        action = None
+    else:
+        return []
+    return [HealthEvent(uuid, EventKind.RECOVERY_ACTION, recovery_action=action)]
+
+
+__all__ = ["DevicePublisher", "HealthMonitor"]

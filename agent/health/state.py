@@ -1,0 +1,371 @@
+"""The health state machine: events and time in, transitions, taints and device health out.
+
+Pure and synchronous (the h11 way): no NVML, no clock, no I/O, so every rule, including
+recovery and the coalescing of an event storm, is tested with plain values. A *condition* is one
+active fault on a GPU (or on one MIG device of it), with the rule that clears it:
+
+- ``ANSWER``: the GPU was lost; it clears when NVML answers for the GPU again;
+- ``RESET``: an XID that needs a reset, or a double-bit ECC error; it clears when a poll at least
+  ``reset_hold_seconds`` after the last occurrence finds no pending recovery action (where the
+  driver cannot tell, the quarantine rule applies instead);
+- ``QUARANTINE``: any other XID; it clears after ``quarantine_seconds`` without recurrence;
+- ``MONITORED``: event registration failed; it clears when registration succeeds.
+
+Repeats of an active condition only refresh it, so a storm of thousands of identical XIDs is one
+transition. MIG devices follow their parent GPU: GPU-wide conditions taint every device of the
+GPU; an XID that names a MIG device and needs no reset taints only that device.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Literal
+
+from agent.dra.model import DeviceTaint, TaintEffect
+from agent.dra.names import device_sort_key, gpu_device_name, mig_device_name
+from agent.hardware.inventory import Inventory
+from agent.health.events import EventKind, HealthEvent
+from agent.health.policy import (
+    RESET_XIDS,
+    TAINT_ECC,
+    TAINT_GPU_LOST,
+    TAINT_UNMONITORED,
+    TAINT_XID,
+    HealthPolicy,
+    XidAction,
+)
+
+#: Longest message the kubelet keeps.
+MAX_MESSAGE_LENGTH = 1024
+RECOVERY_ACTION_NONE = 0
+
+
+class Health(enum.IntEnum):
+    """Device health, numbered as the DRAResourceHealth wire enum."""
+
+    UNKNOWN = 0
+    HEALTHY = 1
+    UNHEALTHY = 2
+
+
+class Clearing(enum.StrEnum):
+    ANSWER = "answer"
+    RESET = "reset"
+    QUARANTINE = "quarantine"
+    MONITORED = "monitored"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevices:
+    """The published devices of one GPU: all of them, and the MIG ones by (GI id, CI id)."""
+
+    uuid: str
+    index: int
+    names: tuple[str, ...]
+    mig: Mapping[tuple[int, int], str]
+
+
+def device_map(inventory: Inventory) -> dict[str, GpuDevices]:
+    """GPU UUID -> its devices, named exactly as :func:`agent.dra.build_devices` names them."""
+    gpus: dict[str, GpuDevices] = {}
+    for gpu in inventory.gpus:
+        mig = {
+            (m.gpu_instance_id, m.compute_instance_id): mig_device_name(
+                gpu.minor, m.profile.name, m.profile.profile_id, m.placement.start
+            )
+            for m in gpu.mig_devices
+        }
+        names = tuple(mig.values()) if gpu.mig_enabled else (gpu_device_name(gpu.minor),)
+        gpus[gpu.uuid] = GpuDevices(gpu.uuid, gpu.index, names, mig)
+    return gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One active fault. ``since`` is when it appeared, ``last_seen`` its latest occurrence."""
+
+    gpu_uuid: str
+    device: str | None  # None: every device of the GPU
+    key: str
+    value: str
+    effect: TaintEffect
+    clearing: Clearing
+    reason: str
+    since: float
+    last_seen: float
+    count: int = 1
+
+    @property
+    def ident(self) -> tuple[str, str | None, str, str]:
+        return (self.gpu_uuid, self.device, self.key, self.effect)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A condition added, changed (new value) or removed, with the devices it concerns."""
+
+    gpu_uuid: str
+    devices: tuple[str, ...]
+    key: str
+    value: str
+    effect: TaintEffect
+    change: Literal["added", "changed", "removed"]
+    reason: str
+    at: float
+
+    @property
+    def taint(self) -> str:
+        return (
+            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        )
+
+    def describe(self) -> str:
+        return f"{', '.join(self.devices)}: taint {self.taint} {self.change} ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """What the health stream says about one device."""
+
+    name: str
+    health: Health
+    message: str
+
+
+class HealthStateMachine:
+    """Feed it :meth:`observe` and :meth:`tick`; read :meth:`taints` and :meth:`statuses`."""
+
+    def __init__(self, policy: HealthPolicy, gpus: Mapping[str, GpuDevices]) -> None:
+        self.policy = policy
+        self.gpus = dict(gpus)
+        self._conditions: dict[tuple[str, str | None, str, str], Condition] = {}
+        self._pending_action: dict[str, int] = {}
+        self._no_recovery_field: set[str] = set()
+
+    @property
+    def conditions(self) -> tuple[Condition, ...]:
+        return tuple(self._conditions.values())
+
+    # -- inputs ----------------------------------------------------------------------------
+
+    def observe(self, events: Iterable[HealthEvent], now: float) -> list[Transition]:
+        """Apply events observed at ``now`` (wall-clock seconds); returns the transitions."""
+        transitions: list[Transition] = []
+        for event in events:
+            if event.gpu_uuid in self.gpus:
+                transitions.extend(self._observe_one(event, now))
+        return transitions
+
+    def tick(self, now: float) -> list[Transition]:
+        """Clear what time alone clears: quarantines without recurrence."""
+        expired = [
+            c
+            for c in self._conditions.values()
+            if self._by_quarantine(c) and now - c.last_seen >= self.policy.quarantine_seconds
+        ]
+        return [self._remove(c, now, "quarantine over without recurrence") for c in expired]
+
+    def due_polls(self, now: float) -> tuple[set[str], set[str]]:
+        """(lost GPUs to probe, GPUs whose pending recovery action to read) at ``now``."""
+        lost = {c.gpu_uuid for c in self._conditions.values() if c.clearing is Clearing.ANSWER}
+        reset = {
+            c.gpu_uuid
+            for c in self._conditions.values()
+            if c.clearing is Clearing.RESET
+            and c.gpu_uuid not in lost
+            and c.gpu_uuid not in self._no_recovery_field
+            and now - c.last_seen >= self.policy.reset_hold_seconds
+        }
+        return lost, reset
+
+    # -- outputs ---------------------------------------------------------------------------
+
+    def taints(self) -> dict[str, list[DeviceTaint]]:
+        """Device name -> its taints; one taint per (key, effect), the latest value winning."""
+        chosen: dict[str, dict[tuple[str, str], Condition]] = {}
+        for cond in self._conditions.values():
+            for name in self._devices_of(cond):
+                slot = chosen.setdefault(name, {})
+                held = slot.get((cond.key, cond.effect))
+                if held is None or cond.last_seen >= held.last_seen:
+                    slot[(cond.key, cond.effect)] = cond
+        return {
+            name: [
+                DeviceTaint(
+                    key=c.key,
+                    value=c.value,
+                    effect=c.effect,
+                    time_added=datetime.fromtimestamp(c.since, UTC),
+                )
+                for _, c in sorted(slot.items())
+            ]
+            for name, slot in chosen.items()
+        }
+
+    def statuses(self) -> list[DeviceStatus]:
+        """Every device's health and why, sorted by device name."""
+        by_device: dict[str, list[Condition]] = {}
+        for cond in self._conditions.values():
+            for name in self._devices_of(cond):
+                by_device.setdefault(name, []).append(cond)
+        statuses = []
+        for gpu in self.gpus.values():
+            for name in gpu.names:
+                statuses.append(self._status(name, gpu, by_device.get(name, [])))
+        return sorted(statuses, key=lambda s: device_sort_key(s.name))
+
+    # -- rules -----------------------------------------------------------------------------
+
+    def _observe_one(self, event: HealthEvent, now: float) -> list[Transition]:
+        uuid = event.gpu_uuid
+        match event.kind:
+            case EventKind.XID:
+                return self._xid(event, now)
+            case EventKind.ECC_DOUBLE_BIT:
+                reason = "double-bit ECC error: memory contents are corrupt until a reset"
+                return self._set(
+                    uuid, None, TAINT_ECC, "double-bit", "NoExecute", Clearing.RESET, reason, now
+                )
+            case EventKind.GPU_LOST:
+                reason = "GPU is lost (NVML: GPU_IS_LOST)" + _detail(event)
+                return self._set(
+                    uuid, None, TAINT_GPU_LOST, "", "NoExecute", Clearing.ANSWER, reason, now
+                )
+            case EventKind.UNMONITORED:
+                effect: TaintEffect = self.policy.unmonitored_effect  # type: ignore[assignment]
+                reason = "health is not monitored: NVML event registration failed" + _detail(event)
+                return self._set(
+                    uuid, None, TAINT_UNMONITORED, "", effect, Clearing.MONITORED, reason, now
+                )
+            case EventKind.MONITORED:
+                return self._clear(uuid, Clearing.MONITORED, now, "NVML events registered")
+            case EventKind.GPU_ANSWERED:
+                return self._clear(uuid, Clearing.ANSWER, now, "the GPU answers NVML again")
+            case EventKind.RECOVERY_ACTION:
+                return self._recovery_action(uuid, event.recovery_action, now)
+            case _:  # single-bit ECC errors are corrected by the hardware: no change
+                return []
+
+    def _xid(self, event: HealthEvent, now: float) -> list[Transition]:
+        action = self.policy.action(event.xid)
+        if action is XidAction.IGNORE:
+            return []
+        needs_reset = self.policy.needs_reset(event.xid)
+        device = None
+        if not needs_reset and event.gpu_instance_id is not None:
+            mig_key = (event.gpu_instance_id, event.compute_instance_id or 0)
+            device = self.gpus[event.gpu_uuid].mig.get(mig_key)
+        why = RESET_XIDS.get(event.xid)
+        reason = f"XID {event.xid}" + (f": {why}" if why else "") + _detail(event)
+        clearing = Clearing.RESET if needs_reset else Clearing.QUARANTINE
+        effect: TaintEffect = action.value  # type: ignore[assignment]
+        return self._set(
+            event.gpu_uuid, device, TAINT_XID, str(event.xid), effect, clearing, reason, now
+        )
+
+    def _recovery_action(self, uuid: str, action: int | None, now: float) -> list[Transition]:
+        if action is None:
+            self._no_recovery_field.add(uuid)  # quarantine rule from now on (see tick)
+            return []
+        self._no_recovery_field.discard(uuid)
+        if action != RECOVERY_ACTION_NONE:
+            self._pending_action[uuid] = action
+            return []
+        self._pending_action.pop(uuid, None)
+        done = [
+            c
+            for c in self._conditions.values()
+            if c.gpu_uuid == uuid
+            and c.clearing is Clearing.RESET
+            and now - c.last_seen >= self.policy.reset_hold_seconds
+        ]
+        return [self._remove(c, now, "NVML reports no pending recovery action") for c in done]
+
+    def _set(
+        self,
+        uuid: str,
+        device: str | None,
+        key: str,
+        value: str,
+        effect: TaintEffect,
+        clearing: Clearing,
+        reason: str,
+        now: float,
+    ) -> list[Transition]:
+        new = Condition(uuid, device, key, value, effect, clearing, reason, now, now)
+        held = self._conditions.get(new.ident)
+        if held is not None and held.value == value:
+            self._conditions[new.ident] = replace(held, last_seen=now, count=held.count + 1)
+            return []
+        if held is not None:
+            new = replace(new, since=held.since, count=held.count + 1)
+        self._conditions[new.ident] = new
+        return [self._transition(new, "changed" if held else "added", reason, now)]
+
+    def _clear(self, uuid: str, clearing: Clearing, now: float, why: str) -> list[Transition]:
+        gone = [
+            c for c in self._conditions.values() if c.gpu_uuid == uuid and c.clearing is clearing
+        ]
+        return [self._remove(c, now, why) for c in gone]
+
+    def _remove(self, cond: Condition, now: float, why: str) -> Transition:
+        del self._conditions[cond.ident]
+        return self._transition(cond, "removed", f"{cond.reason}; cleared: {why}", now)
+
+    def _transition(
+        self,
+        cond: Condition,
+        change: Literal["added", "changed", "removed"],
+        reason: str,
+        now: float,
+    ) -> Transition:
+        devices = self._devices_of(cond)
+        return Transition(
+            cond.gpu_uuid, devices, cond.key, cond.value, cond.effect, change, reason, now
+        )
+
+    def _by_quarantine(self, cond: Condition) -> bool:
+        return cond.clearing is Clearing.QUARANTINE or (
+            cond.clearing is Clearing.RESET and cond.gpu_uuid in self._no_recovery_field
+        )
+
+    def _devices_of(self, cond: Condition) -> tuple[str, ...]:
+        return (cond.device,) if cond.device else self.gpus[cond.gpu_uuid].names
+
+    def _status(self, name: str, gpu: GpuDevices, conds: list[Condition]) -> DeviceStatus:
+        faults = [c for c in conds if c.key != TAINT_UNMONITORED]
+        if faults:
+            parts = [self._explain(c) for c in sorted(faults, key=lambda c: -c.last_seen)]
+            pending = self._pending_action.get(gpu.uuid)
+            if pending is not None:
+                parts.append(f"NVML recovery action pending: {pending}")
+            return DeviceStatus(name, Health.UNHEALTHY, _clip("; ".join(parts)))
+        if conds:
+            return DeviceStatus(name, Health.UNKNOWN, _clip(conds[0].reason))
+        return DeviceStatus(name, Health.HEALTHY, f"GPU {gpu.index} ({gpu.uuid}): no active fault")
+
+    def _explain(self, cond: Condition) -> str:
+        until = {
+            Clearing.ANSWER: "until NVML answers for the GPU again",
+            Clearing.RESET: "until NVML reports no pending recovery action (GPU reset)",
+            Clearing.QUARANTINE: f"until {self.policy.quarantine_seconds:g} s without recurrence",
+            Clearing.MONITORED: "until event registration succeeds",
+        }[cond.clearing]
+        if self._by_quarantine(cond):
+            until = f"until {self.policy.quarantine_seconds:g} s without recurrence"
+        seen = f", seen {cond.count} times" if cond.count > 1 else ""
+        stamp = datetime.fromtimestamp(cond.last_seen, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"{cond.reason} (last at {stamp}{seen}); {cond.effect} {until}"
+
+
+def _detail(event: HealthEvent) -> str:
+    return f" ({event.detail})" if event.detail else ""
+
+
+def _clip(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_LENGTH:
+        return message
+    return message[: MAX_MESSAGE_LENGTH - 3] + "..."

@@ -1,0 +1,172 @@
+"""Unary gRPC handlers with a span each and a count of calls in flight.
+
+The generated betterproto2 service bases hand a handler only the decoded message, but two things
+need the grpclib stream: the kubelet's W3C ``traceparent`` (in the request metadata) that makes our
+span a child of the kubelet's, and a graceful stop, which must know which calls are still running
+so that it can let them finish before the socket goes away. So our services build their
+``__mapping__`` from :func:`unary_handler`, which wraps a plain ``async (request) -> response``
+function with both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import grpclib.const
+from grpclib import GRPCError
+from grpclib.const import Status
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode
+
+from agent.telemetry.tracing import context_from_metadata, tracer
+
+log = logging.getLogger(__name__)
+
+UnaryFunction = Callable[[Any], Awaitable[Any]]
+
+
+class InFlightCalls:
+    """Counts running unary calls; once draining, new calls are refused with UNAVAILABLE.
+
+    UNAVAILABLE is what gRPC clients treat as "try again": the kubelet retries the pod's
+    prepare later, by then on the next agent instance.
+    """
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._draining = False
+        self._idle: anyio.Event | None = None
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    def enter(self, method: str) -> None:
+        if self._draining:
+            raise GRPCError(
+                Status.UNAVAILABLE, f"the plugin is shutting down; {method} was not started"
+            )
+        self._running += 1
+
+    def leave(self) -> None:
+        self._running -= 1
+        if self._running == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def drain(self, grace: float) -> bool:
+        """Refuse new calls and wait up to ``grace`` seconds for running ones; True if idle."""
+        self._draining = True
+        if self._running == 0:
+            return True
+        self._idle = anyio.Event()
+        with anyio.move_on_after(grace):
+            await self._idle.wait()
+        return self._running == 0
+
+
+def unary_handler(
+    *,
+    service: str,
+    short_service: str,
+    method: str,
+    request_type: type[Any],
+    response_type: type[Any],
+    function: UnaryFunction,
+    calls: InFlightCalls,
+) -> grpclib.const.Handler:
+    """A grpclib handler for ``/service/method`` that runs ``function`` inside a server span.
+
+    The span is named ``<short_service>/<method>`` (e.g. ``DRAPlugin/NodePrepareResources``)
+    and carries the OpenTelemetry RPC attributes; its parent is the trace context found in the
+    call's metadata, if any.
+    """
+    span_name = f"{short_service}/{method}"
+    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+
+    async def handle(stream: Any) -> None:
+        calls.enter(method)
+        try:
+            try:
+                request = await stream.recv_message()
+            except (ValueError, TypeError, IndexError) as err:  # UnicodeDecodeError is a ValueError
+                raise GRPCError(
+                    Status.INVALID_ARGUMENT,
+                    f"{method}: the request is not a valid {request_type.__name__} message: {err}",
+                ) from err
+            if request is None:
+                raise GRPCError(Status.INVALID_ARGUMENT, f"{method}: the request has no message")
+            parent = context_from_metadata(stream.metadata)
+            with tracer().start_as_current_span(
+                span_name,
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes=attributes,
+                record_exception=False,
+                set_status_on_exception=False,
+            ) as span:
+                response = await _call_recorded(span, method, function, request, stream)
+            await stream.send_message(response)
+        except asyncio.CancelledError:
+            if calls.draining:
+                await _tell_unavailable(stream, method)
+            raise
+        finally:
+            calls.leave()
+
+    return grpclib.const.Handler(
+        handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, response_type
+    )
+
+
+async def _tell_unavailable(stream: Any, method: str) -> None:
+    """Answer a call cancelled by the server's stop with UNAVAILABLE: grpclib itself would send
+    nothing and leave the client waiting for its deadline (dependency-notes §2)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(
+            stream.send_trailing_metadata(
+                status=Status.UNAVAILABLE,
+                status_message=f"the plugin stopped before {method} finished; retry",
+            ),
+            timeout=1.0,
+        )
+
+
+async def _call_recorded(
+    span: trace.Span, method: str, function: UnaryFunction, request: Any, stream: Any
+) -> Any:
+    try:
+        response = await function(request)
+    except GRPCError as err:
+        span.set_attribute("rpc.grpc.status_code", err.status.value)
+        span.set_status(StatusCode.ERROR, err.message or err.status.name)
+        raise
+    except anyio.get_cancelled_exc_class():
+        deadline = getattr(stream, "deadline", None)
+        expired = deadline is not None and math.isclose(
+            max(deadline.time_remaining(), 0.0), 0.0, abs_tol=0.05
+        )
+        status = Status.DEADLINE_EXCEEDED if expired else Status.CANCELLED
+        span.set_attribute("rpc.grpc.status_code", status.value)
+        span.set_status(StatusCode.ERROR, f"{method} {status.name.lower()}")
+        raise
+    except Exception as err:
+        # A bug, not a claim problem: keep serving, tell the caller and the operator.
+        log.exception("%s failed unexpectedly", method)
+        span.record_exception(err)
+        span.set_attribute("rpc.grpc.status_code", Status.INTERNAL.value)
+        span.set_status(StatusCode.ERROR, str(err))
+        raise GRPCError(
+            Status.INTERNAL, f"{method} failed inside the plugin: {type(err).__name__}: {err}"
+        ) from err
+    span.set_attribute("rpc.grpc.status_code", Status.OK.value)
+    return response

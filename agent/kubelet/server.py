@@ -1,0 +1,82 @@
+"""One grpclib server on one unix socket, started over a stale socket and stopped gracefully.
+
+grpclib's ``Server.close()`` cancels every running handler at once and sends nothing to open
+streams, so a client mid-call would hang until its deadline (dependency-notes §2). A graceful stop
+here is therefore done in steps: unlink the socket (nobody can connect any more), refuse new calls
+on open connections (UNAVAILABLE), let streaming handlers end by setting :attr:`stopping`, wait a
+bounded time for unary calls in flight, and only then close the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+from grpclib.server import Server
+
+from agent.kubelet.rpc import InFlightCalls
+from agent.kubelet.sockets import SocketIdentity, clear_stale_socket, remove_socket
+
+log = logging.getLogger(__name__)
+
+#: How long a stop waits for unary calls in flight before cancelling them.
+DEFAULT_SHUTDOWN_GRACE = 10.0
+
+
+class UnixGrpcServer:
+    """``await start()``, then ``await stop()``; ``calls`` must be shared with the handlers."""
+
+    def __init__(
+        self,
+        path: Path,
+        services: Sequence[Any],
+        calls: InFlightCalls,
+        *,
+        name: str,
+    ) -> None:
+        self.path = path
+        self.name = name
+        self.calls = calls
+        #: Set when stopping; streaming handlers watch it and end their streams cleanly.
+        self.stopping = anyio.Event()
+        self._services = list(services)
+        self._server: Server | None = None
+        self._identity: SocketIdentity | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None
+
+    async def start(self) -> None:
+        """Replace a stale socket and listen; the socket accepts calls when this returns."""
+        clear_stale_socket(self.path)
+        server = Server(self._services)
+        await server.start(path=str(self.path))
+        self._server = server
+        self._identity = SocketIdentity.of(self.path)
+        log.info("%s socket listening", self.name, extra={"socket": str(self.path)})
+
+    async def stop(self, grace: float = DEFAULT_SHUTDOWN_GRACE) -> None:
+        """Stop as described in the module docstring; safe to call twice, and shielded from
+        cancellation so that a cancelled caller still leaves no socket behind."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        with anyio.CancelScope(shield=True):
+            remove_socket(self.path, self._identity)
+            self.stopping.set()
+            idle = await self.calls.drain(grace)
+            if not idle:
+                log.warning(
+                    "%s: %d call(s) still running after %.3g s; cancelling them",
+                    self.name,
+                    self.calls.running,
+                    grace,
+                    extra={"socket": str(self.path)},
+                )
+            server.close()
+            await server.wait_closed()
+        log.info("%s socket closed", self.name, extra={"socket": str(self.path)})

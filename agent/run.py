@@ -1,0 +1,75 @@
+"""Run the kubelet plugin: publish this host's GPUs and prepare them for the kubelet's pods.
+
+This is the agent's main job on a GPU host (``gpu-dra-agent run``). This module only declares
+the flags and hands over: settings are merged and validated in :mod:`agent.config` (flags >
+environment > config file > defaults), and the process is wired in :mod:`agent.supervisor`.
+Flags default to ``None`` here so that the loader can tell "not given" from "given as the
+default" and let the environment and the config file fill in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+EPILOG = """\
+environment variables (used when the flag is absent): NODE_NAME, KUBECONFIG,
+KUBELET_REGISTRAR_DIRECTORY_PATH, KUBELET_PLUGINS_DIRECTORY_PATH, CDI_ROOT,
+NVIDIA_DRIVER_ROOT, GPU_DRA_SIMULATE, POD_UID; tracing: OTEL_EXPORTER_OTLP_ENDPOINT.
+
+example (no GPU, no cluster):
+  gpu-dra-agent run --simulate dgx-h100 --node-name node-a --kubeconfig k.yaml \\
+      --registrar-dir /tmp/r --plugins-dir /tmp/p --cdi-root /tmp/cdi
+"""
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    """Add the ``run`` options to ``parser`` (cheap: no agent modules imported)."""
+    parser.epilog = EPILOG
+    add = parser.add_argument
+    add("--config", type=Path, metavar="FILE", help="YAML file with the settings below")
+    add("--node-name", help="Kubernetes node name; also the pool name [NODE_NAME] (required)")
+    add("--kubeconfig", help="kubeconfig file [KUBECONFIG] (default: in-cluster config)")
+    add("--driver-name", help="DRA driver name (default: gpu.nvidia.com)")
+    add(
+        "--registrar-dir",
+        help="kubelet plugin registry directory [KUBELET_REGISTRAR_DIRECTORY_PATH] "
+        "(default: /var/lib/kubelet/plugins_registry)",
+    )
+    add(
+        "--plugins-dir",
+        help="kubelet plugins directory; the DRA socket goes in <dir>/<driver>/ "
+        "[KUBELET_PLUGINS_DIRECTORY_PATH] (default: /var/lib/kubelet/plugins)",
+    )
+    add("--cdi-root", help="directory for CDI spec files [CDI_ROOT] (default: /var/run/cdi)")
+    add(
+        "--driver-root",
+        help="where the NVIDIA driver files are [NVIDIA_DRIVER_ROOT] (default: /, or the "
+        "simulated host's directory with --simulate)",
+    )
+    add(
+        "--host-root",
+        help="where the host's /proc and /sys are (default: /, or <plugins-dir>/<driver>/"
+        "simulated-host with --simulate)",
+    )
+    add(
+        "--simulate",
+        metavar="PROFILE",
+        help="run on a simulated host: a shipped profile name (dgx-h100, ...) or a profile "
+        "file [GPU_DRA_SIMULATE]",
+    )
+    add(
+        "--instance-id",
+        help="unique id for the socket names, for overlapping instances in a rolling update "
+        "[POD_UID]",
+    )
+
+
+async def run(args: argparse.Namespace) -> int:
+    """Load the settings, then serve until SIGTERM/SIGINT; returns the exit status."""
+    from agent.config import load_config
+    from agent.supervisor import Supervisor
+
+    config = load_config(vars(args), os.environ, args.config)
+    return await Supervisor(config).run()

@@ -1,0 +1,254 @@
+"""How long a prepare takes, next to the costs it is made of (the issue's acceptance target).
+
+The target: prepare of one full-GPU claim, p50 <= 1.5 x (trivial gRPC round trip + one claim
+GET + 2 durable writes). All rows come from one run on one machine, against the embedded API
+server over real HTTP and the agent's real DRA socket (grpclib over a unix socket). The API
+server runs in a process of its own (``gpu-dra-agent sim apiserver``), as a real one would:
+in the agent's process its request handling would compete for the agent's GIL and inflate
+every row that talks to it.
+
+* ``http GET claim``: one plain aiohttp GET of a ResourceClaim (no kubernetes-asyncio);
+* ``claim reader GET``: the same through ``ApiClaimReader`` (the engine's reader);
+* ``durable write 4 KiB``: one ``write_atomic`` (fsync of file and directory) in the folder
+  the checkpoint lives in;
+* ``grpc empty prepare``: NodePrepareResources with no claims over the DRA socket;
+* ``engine prepare 1 GPU`` / ``grpc prepare 1 GPU``: one full-GPU claim of dgx-h100, called on
+  the engine and over the socket (each run unprepares afterwards, outside the timing). The
+  CDI directory is on a tmpfs (``/dev/shm``) as ``/var/run/cdi`` is on a real node, the
+  checkpoint on disk; the ``CDI on disk`` row puts both on the same disk filesystem;
+* ``engine prepare 32 MIG claims``: one request of 32 claims on dgx-a100's static MIG devices;
+* ``target``: 1.5 x (grpc empty prepare + http GET claim + 2 x durable write), from the p50s,
+  and the p50 of the one-GPU prepare rows divided by it (<= 1 meets the target).
+
+:func:`measure` is the entry point for other callers (it returns the rows as ``Result``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import anyio
+import yaml
+from grpclib.client import Channel
+
+from agent.hardware.discovery import discover_host
+from agent.hardware.hostfiles import HostFiles
+from agent.kube.claims import ApiClaimReader
+from agent.kube.client import create_api_client
+from agent.kube.events import LoggingEventPoster
+from agent.kubelet import api
+from agent.kubelet.dra_service import DraPluginService
+from agent.kubelet.rpc import InFlightCalls
+from agent.kubelet.server import UnixGrpcServer
+from agent.node.durable import write_atomic
+from agent.node.engine import PrepareEngine
+from agent.node.types import ClaimRef
+from agent.sim.claims import AllocatedDevice, create_allocated_claim
+from agent.sim.kubelet.dra_client import ClaimRef as WireClaimRef
+from agent.sim.kubelet.dra_client import DraClient
+from benchmarks import Result
+
+DRIVER, NODE = "gpu.nvidia.com", "bench-node"
+MIG_BATCH = 32
+
+
+def run(repeat: int) -> list[Result]:
+    logging.getLogger("agent").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as folder:
+        return anyio.run(measure, Path(folder), repeat)
+
+
+async def measure(base: Path, repeat: int) -> list[Result]:
+    """Every row of the module docstring, measured ``repeat`` times under ``base``."""
+    kubeconfig = base / "kubeconfig"
+    command = [sys.executable, "-m", "agent", "sim", "apiserver", "--listen", "127.0.0.1:0"]
+    async with await anyio.open_process([*command, "--kubeconfig-out", str(kubeconfig)]) as server:
+        assert server.stdout is not None
+        with anyio.fail_after(30):
+            output = b""
+            while b"kubeconfig written" not in output:
+                output += await server.stdout.receive()
+        url = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+        client = await create_api_client(kubeconfig)
+        bench = _Bench(base, url, client)
+        try:
+            rows = [
+                await bench.http_get(repeat),
+                await bench.reader_get(repeat),
+                await bench.durable_write(repeat),
+            ]
+            rows += await bench.h100(repeat)
+            rows.append(await bench.a100(repeat))
+        finally:
+            await bench.reader.close()
+            shutil.rmtree(bench.cdi_root, ignore_errors=True)
+            await client.close()
+            server.terminate()
+    by_name = {row.name: row.p50 for row in rows}
+    budget = 1.5 * (
+        by_name["grpc empty prepare"]
+        + by_name["http GET claim"]
+        + 2 * by_name["durable write 4 KiB"]
+    )
+    rows.append(Result("target: 1.5 x (rpc + GET + 2 writes)", (budget,)))
+    for name, p50 in by_name.items():
+        if name.startswith(("grpc prepare 1 GPU", "engine prepare 1 GPU")):
+            rows.append(Result(f"{name}: p50 / target", (p50 / budget,), "x"))
+    return rows
+
+
+async def _timed(name: str, repeat: int, call: Callable[[], Awaitable[Any]]) -> Result:
+    """``repeat`` timed calls after two untimed warm-up calls."""
+    for _ in range(2):
+        await call()
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        await call()
+        samples.append((time.perf_counter() - started) * 1000)
+    return Result(name, tuple(samples))
+
+
+class _Bench:
+    def __init__(self, base: Path, url: str, client: Any) -> None:
+        self.base = base
+        self.url = url
+        self.client = client
+        self.reader = ApiClaimReader(client)
+        # The CDI directory of a real node (/var/run/cdi) is a tmpfs, the checkpoint is on disk.
+        tmpfs = Path("/dev/shm")
+        self.cdi_root = Path(tempfile.mkdtemp(dir=tmpfs)) if tmpfs.is_dir() else base / "cdi"
+        self.cdi_label = "on tmpfs" if tmpfs.is_dir() else "on disk"
+
+    async def _claim(self, name: str, device: str) -> ClaimRef:
+        created = await create_allocated_claim(
+            self.url, name, [AllocatedDevice("gpu", device, NODE)], node_name=NODE
+        )
+        return ClaimRef("default", created["metadata"]["uid"], name)
+
+    async def http_get(self, repeat: int) -> Result:
+        await self._claim("plain", "gpu-0")
+        url = f"{self.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain"
+        async with aiohttp.ClientSession() as session:
+
+            async def get() -> None:
+                async with session.get(url) as response:
+                    await response.read()
+
+            return await _timed("http GET claim", repeat, get)
+
+    async def reader_get(self, repeat: int) -> Result:
+        reader = ApiClaimReader(self.client)
+        try:
+            return await _timed("claim reader GET", repeat, lambda: reader.read("default", "plain"))
+        finally:
+            await reader.close()
+
+    async def durable_write(self, repeat: int) -> Result:
+        target = self.base / "node-h100" / "plugins" / DRIVER / "bench.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        data = b"x" * 4096
+
+        async def write() -> None:
+            await anyio.to_thread.run_sync(write_atomic, target, data)
+
+        return await _timed("durable write 4 KiB", repeat, write)
+
+    async def _engine(self, profile: str, cdi_root: Path, name: str = "") -> PrepareEngine:
+        node = self.base / f"node-{profile}{name}"
+        host_root = self.base / f"host-{profile}"
+        inventory = await discover_host(profile, host_root)
+        boot_id = HostFiles(host_root).boot_id()
+        assert boot_id is not None
+        engine = PrepareEngine(
+            driver=DRIVER,
+            node_name=NODE,
+            inventory=inventory,
+            plugin_dir=node / "plugins" / DRIVER,
+            cdi_root=cdi_root,
+            host_root=host_root,
+            driver_root=host_root / "driver-root",
+            claim_reader=self.reader,
+            boot_id=boot_id,
+            events=LoggingEventPoster(),
+        )
+        await engine.start()
+        return engine
+
+    async def h100(self, repeat: int) -> list[Result]:
+        engine = await self._engine("dgx-h100", self.cdi_root / "h100")
+        on_disk = await self._engine("dgx-h100", self.base / "cdi-disk", "-disk")
+        socket = self.base / "dra.sock"
+        grpc_server = UnixGrpcServer(
+            socket, [DraPluginService(engine, InFlightCalls())], InFlightCalls(), name="DRA"
+        )
+        await grpc_server.start()
+        channel = Channel(path=str(socket))
+        try:
+            kubelet = DraClient(DRIVER, channel, api.DRA_V1_SERVICE)
+            ref = await self._claim("one-gpu", "gpu-0")
+            wire = WireClaimRef(ref.namespace, ref.name, ref.uid)
+            samples: dict[str, list[float]] = {"engine": [], "disk": [], "grpc": []}
+
+            async def engine_prepare(which: str, chosen: PrepareEngine) -> None:
+                started = time.perf_counter()
+                result = (await chosen.prepare([ref]))[ref.uid]
+                elapsed = time.perf_counter() - started
+                assert result.error is None, result.error
+                await chosen.unprepare([ref])
+                samples[which].append(elapsed * 1000)
+
+            async def grpc_prepare() -> None:
+                started = time.perf_counter()
+                result = (await kubelet.prepare([wire]))[ref.uid]
+                elapsed = time.perf_counter() - started
+                assert not result.error, result.error
+                await kubelet.unprepare([wire])
+                samples["grpc"].append(elapsed * 1000)
+
+            empty = await _timed("grpc empty prepare", repeat, lambda: kubelet.prepare([]))
+            for _ in range(repeat + 2):  # interleaved, so all see the same machine load
+                await engine_prepare("engine", engine)
+                await engine_prepare("disk", on_disk)
+                await grpc_prepare()
+            where = self.cdi_label
+            return [
+                empty,
+                Result(f"engine prepare 1 GPU, CDI {where}", tuple(samples["engine"][2:])),
+                Result("engine prepare 1 GPU, CDI on disk", tuple(samples["disk"][2:])),
+                Result(f"grpc prepare 1 GPU, CDI {where}", tuple(samples["grpc"][2:])),
+            ]
+        finally:
+            channel.close()
+            await grpc_server.stop(grace=1.0)
+            await engine.close()
+            await on_disk.close()
+
+    async def a100(self, repeat: int) -> Result:
+        engine = await self._engine("dgx-a100", self.cdi_root / "a100")
+        try:
+            assert engine.facts is not None
+            names = sorted(n for n, d in engine.facts.devices.items() if d.kind == "mig")
+            refs = [await self._claim(f"mig-{i}", name) for i, name in enumerate(names[:MIG_BATCH])]
+            samples: list[float] = []
+
+            async def batch() -> None:
+                started = time.perf_counter()
+                results = await engine.prepare(refs)
+                samples.append((time.perf_counter() - started) * 1000)
+                assert all(r.error is None for r in results.values())
+                await engine.unprepare(refs)
+
+            await _timed("warm-up", repeat, batch)
+            name = f"engine prepare {MIG_BATCH} MIG claims, CDI {self.cdi_label}"
+            return Result(name, tuple(samples[2:]))
+        finally:
+            await engine.close()

@@ -1,0 +1,306 @@
+"""Integration fixtures: the real ``gpu-dra-agent run`` process, an API server, a kubelet.
+
+What runs, per test module (starting the agent costs about a second of imports, so modules
+share one):
+
+- the embedded API server on ``127.0.0.1:0`` with a kubeconfig and this node's Node object;
+- the agent as a subprocess, ``sys.executable -m agent run --simulate dgx-h100 ...``, with its
+  registry, plugins and CDI directories in a short temporary directory (unix socket paths must
+  stay under 108 bytes), its log in ``<workdir>/agent-<n>.log``;
+- the kubelet emulator, in the test's event loop, watching the registry directory.
+
+Everything is reached through :class:`AgentHarness` (fixture ``harness``): create allocated
+claims, prepare and unprepare them as the kubelet does, stop, crash and restart the agent
+(:meth:`AgentHarness.start_agent` takes extra environment, e.g. ``GPU_DRA_AGENT_CRASH_AT``),
+and check that the checkpoint and the CDI directory agree (:meth:`AgentHarness.assert_consistent`).
+A test that needs its own agent lifecycle takes ``fresh_harness`` instead (no agent started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from agent.node.cdi import CdiSpecDirectory
+from agent.node.checkpoint import ClaimState, from_dict
+from agent.node.checkpoint_store import FILE_NAME as CHECKPOINT_FILE
+from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.claims import AllocatedDevice, OpaqueConfig, PodReference, create_allocated_claim
+from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
+
+NODE = "node-a"
+DRIVER = "gpu.nvidia.com"
+PROFILE = "dgx-h100"
+NAMESPACE = "default"
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 20.0
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    """Module scope, so module-scoped async fixtures (one agent per module) can exist."""
+    return "asyncio"
+
+
+class AgentProcess:
+    """One ``gpu-dra-agent run`` subprocess and its log file."""
+
+    def __init__(self, process: Process, log_path: Path) -> None:
+        self.process = process
+        self.log_path = log_path
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def wait(self, timeout: float = STOP_TIMEOUT) -> int:  # noqa: ASYNC109
+        """Wait for the process to exit (it must, within ``timeout``); returns its status."""
+        with anyio.fail_after(timeout):
+            return await self.process.wait()
+
+    async def stop(
+        self,
+        timeout: float = STOP_TIMEOUT,  # noqa: ASYNC109
+        signal_number: int = signal.SIGTERM,
+    ) -> int:
+        """SIGTERM (what pod deletion sends) or ``signal_number``; returns the exit status."""
+        if self.process.returncode is None:
+            self.process.send_signal(signal_number)
+        try:
+            return await self.wait(timeout)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()
+            raise
+
+
+class AgentHarness:
+    """The agent, the API server and the kubelet emulator of one test module."""
+
+    def __init__(self, workdir: Path, server: EmbeddedApiServer, kubelet: KubeletEmulator) -> None:
+        self.workdir = workdir
+        self.server = server
+        self.kubelet = kubelet
+        self.kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
+        self.agent: AgentProcess | None = None
+        self._starts = 0
+        self._claims = 0
+
+    # -- paths ---------------------------------------------------------------------------
+
+    @property
+    def registrar_dir(self) -> Path:
+        return self.workdir / "registry"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.workdir / "plugins"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.plugins_dir / DRIVER
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.workdir / "cdi"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registrar_dir / f"{DRIVER}-reg.sock"
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugin_dir / CHECKPOINT_FILE
+
+    # -- the agent process ---------------------------------------------------------------
+
+    def command(self, *extra: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "agent",
+            "run",
+            "--simulate",
+            PROFILE,
+            "--node-name",
+            NODE,
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--registrar-dir",
+            str(self.registrar_dir),
+            "--plugins-dir",
+            str(self.plugins_dir),
+            "--cdi-root",
+            str(self.cdi_root),
+            *extra,
+        ]
+
+    async def start_agent(
+        self,
+        env: Mapping[str, str] | None = None,
+        *,
+        args: Sequence[str] = (),
+        wait_registered: bool = True,
+    ) -> AgentProcess:
+        """Start the agent (``env`` is added to this process's environment, ``args`` to its
+        command line); by default wait until the kubelet emulator has registered it."""
+        self._starts += 1
+        registrations = len(self.kubelet.events(EventKind.REGISTERED, DRIVER))
+        environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+        environ.pop("GPU_DRA_AGENT_CRASH_AT", None)
+        environ.update(env or {})
+        log_path = self.workdir / f"agent-{self._starts}.log"
+        with log_path.open("wb") as log_file:
+            process = await anyio.open_process(
+                self.command(*args), stdout=log_file, stderr=log_file, env=environ
+            )
+        self.agent = AgentProcess(process, log_path)
+        if wait_registered:
+            await self._wait_registered(self.agent, registrations + 1)
+        return self.agent
+
+    async def _wait_registered(self, agent: AgentProcess, count: int) -> None:
+        """Wait for the ``count``-th registration; fail at once (with the log) if the agent
+        exits first."""
+        exited: list[int] = []
+
+        async def watch_exit(scope: anyio.CancelScope) -> None:
+            exited.append(await agent.process.wait())
+            scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch_exit, group.cancel_scope)
+            try:
+                await self.kubelet.wait_event(
+                    EventKind.REGISTERED, DRIVER, count=count, timeout=START_TIMEOUT
+                )
+            except TimeoutError:
+                exited.append(-1)
+            group.cancel_scope.cancel()
+        if exited:
+            raise AssertionError(
+                f"the agent did not register (exit status {exited[0]}):\n{agent.log()}"
+            )
+
+    async def stop_agent(self) -> int:
+        """Stop the running agent with SIGTERM; returns its exit status."""
+        assert self.agent is not None
+        return await self.agent.stop()
+
+    async def wait_slices(self, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: ASYNC109
+        """This node's ResourceSlices, once the publisher has written some."""
+        selector = f"spec.nodeName={NODE},spec.driver={DRIVER}"
+
+        def published() -> list[dict[str, Any]]:
+            return self.server.list_objects("resourceslices", field_selector=selector)
+
+        with anyio.fail_after(timeout):
+            while not (found := published()):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        return found
+
+    # -- claims --------------------------------------------------------------------------
+
+    async def claim(
+        self,
+        devices: Sequence[str],
+        *,
+        name: str | None = None,
+        request: str = "gpu",
+        pool: str = NODE,
+        configs: Sequence[OpaqueConfig] = (),
+        reserved_for: Sequence[PodReference] | None = None,
+    ) -> ClaimRef:
+        """Create an allocated ResourceClaim for ``devices`` and return the kubelet's view."""
+        self._claims += 1
+        name = name or f"claim-{self._claims}"
+        allocated = [AllocatedDevice(request=request, device=d, pool=pool) for d in devices]
+        created = await create_allocated_claim(
+            self.server.url,
+            name,
+            allocated,
+            namespace=NAMESPACE,
+            configs=configs,
+            reserved_for=reserved_for,
+            node_name=NODE,
+        )
+        return ClaimRef(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"])
+
+    async def prepare(self, *claims: ClaimRef) -> dict[str, Any]:
+        return await self.kubelet.prepare(DRIVER, list(claims))
+
+    async def unprepare(self, *claims: ClaimRef) -> dict[str, Any]:
+        return await self.kubelet.unprepare(DRIVER, list(claims))
+
+    # -- the node's files ----------------------------------------------------------------
+
+    def checkpoint_claims(self) -> dict[str, ClaimState]:
+        """Claim UID -> state, from the checkpoint file on disk (empty when there is none)."""
+        try:
+            document = json.loads(self.checkpoint_path.read_text())
+        except FileNotFoundError:
+            return {}
+        return {uid: claim.state for uid, claim in from_dict(document).claims.items()}
+
+    def cdi_claim_uids(self) -> set[str]:
+        return CdiSpecDirectory(self.cdi_root, DRIVER).claim_uids()
+
+    def cdi_spec_path(self, uid: str) -> Path:
+        return CdiSpecDirectory(self.cdi_root, DRIVER).claim_path(uid)
+
+    def assert_consistent(self) -> None:
+        """Every claim in the checkpoint is completed and has its CDI spec; no spec is orphaned."""
+        states = self.checkpoint_claims()
+        assert all(s == ClaimState.PREPARE_COMPLETED for s in states.values()), states
+        assert set(states) == self.cdi_claim_uids()
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gi-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+async def fresh_harness(workdir: Path) -> AsyncIterator[AgentHarness]:
+    """API server (with this node's Node) and kubelet emulator; no agent running yet."""
+    async with EmbeddedApiServer() as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        async with KubeletEmulator(workdir / "registry", node_name=NODE, poll_interval=0.05) as kl:
+            harness = AgentHarness(workdir, server, kl)
+            try:
+                yield harness
+            finally:
+                if harness.agent is not None and harness.agent.returncode is None:
+                    await harness.agent.stop()
+
+
+@pytest.fixture(scope="module")
+async def harness(fresh_harness: AgentHarness) -> AsyncIterator[AgentHarness]:
+    """Like ``fresh_harness``, with the agent started and registered, and stopped at the end."""
+    await fresh_harness.start_agent()
+    yield fresh_harness
+    assert fresh_harness.agent is not None
+    if fresh_harness.agent.returncode is None:
+        assert await fresh_harness.stop_agent() == 0, fresh_harness.agent.log()

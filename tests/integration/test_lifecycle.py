@@ -1,0 +1,71 @@
+"""The agent process's life: stale sockets at start, SIGTERM at the end, bad settings, a demo."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.integration.conftest import DRIVER, AgentHarness
+
+pytestmark = pytest.mark.anyio
+
+
+def stale_socket(path: Path) -> None:
+    """A socket file nobody listens on, as a SIGKILLed agent leaves it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(str(path))
+    sock.close()
+
+
+async def test_stale_sockets_replaced_and_removed_on_sigterm(fresh_harness: AgentHarness) -> None:
+    harness = fresh_harness
+    stale_socket(harness.dra_socket)
+    stale_socket(harness.registration_socket)
+    await harness.start_agent()  # registration through the replaced sockets
+    ref = await harness.claim(["gpu-0"])
+    assert (await harness.prepare(ref))[ref.uid].error == ""
+    assert await harness.stop_agent() == 0
+    assert not harness.dra_socket.exists()
+    assert not harness.registration_socket.exists()
+    await harness.kubelet.wait_deregistered(DRIVER)
+    # a restarted agent serves the claim it prepared before (from its checkpoint)
+    await harness.start_agent()
+    assert (await harness.unprepare(ref))[ref.uid].error == ""
+    assert await harness.stop_agent() == 0
+
+
+async def test_instance_id_names_the_sockets_and_sigint_stops(
+    fresh_harness: AgentHarness,
+) -> None:
+    harness = fresh_harness
+    agent = await harness.start_agent(args=["--instance-id", "pod-1234"])
+    registration = harness.kubelet.registrations(DRIVER)[-1]
+    assert registration.socket == harness.registrar_dir / f"{DRIVER}-pod-1234-reg.sock"
+    assert registration.endpoint == str(harness.plugin_dir / "dra-pod-1234.sock")
+    ref = await harness.claim(["gpu-1"])
+    assert (await harness.prepare(ref))[ref.uid].error == ""
+    assert (await harness.unprepare(ref))[ref.uid].error == ""
+    assert await agent.stop(signal_number=signal.SIGINT) == 0
+    assert not list(harness.workdir.rglob("*.sock"))
+
+
+async def test_invalid_settings_exit_1_with_a_message(fresh_harness: AgentHarness) -> None:
+    command = [*fresh_harness.command(), "--driver-name", "Not A Driver"]
+    result = await anyio.run_process(command, check=False)
+    assert result.returncode == 1
+    assert b"--driver-name 'Not A Driver' is not a valid DRA driver name" in result.stderr
+
+
+async def test_demo_exits_0() -> None:
+    result = await anyio.run_process([sys.executable, "-m", "agent", "demo"], check=False)
+    output = result.stdout.decode()
+    assert result.returncode == 0, output + result.stderr.decode()
+    assert "registered gpu.nvidia.com" in output
+    assert "CDI device k8s.gpu.nvidia.com/" in output
+    assert "demo finished: every step worked" in output

@@ -1,0 +1,75 @@
+"""The simulation control socket: requests reach the simulated library; bad ones are refused."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agent.hardware.simulated import SimulatedHost
+from agent.hardware.simulated.install import uninstall
+from agent.sim.control import control_socket_path
+from agent.sim.control.client import ControlError, send_request
+from agent.sim.control.server import SimulationControl
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def control() -> AsyncIterator[tuple[SimulatedHost, Path]]:
+    folder = Path(tempfile.mkdtemp(prefix="ctl-", dir="/tmp"))
+    host = SimulatedHost.start("dgx-h100", folder / "host")
+    path = control_socket_path(folder)
+    try:
+        async with anyio.create_task_group() as group:
+            await group.start(SimulationControl(path, host.library).run)
+            yield host, path
+            group.cancel_scope.cancel()
+        assert not path.exists()
+    finally:
+        host.stop()
+        uninstall()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def test_requests_act_on_the_library(control: tuple[SimulatedHost, Path]) -> None:
+    host, path = control
+    gpus = host.library.state.gpus
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    reply = await send_request(path, {"op": "xid", "gpu": gpus[2].spec.uuid, "xid": 79})
+    assert (reply["gpu"], reply["uuid"], reply["delivered"]) == (2, gpus[2].spec.uuid, 0)
+    assert abs(reply["injected_at"] - time.monotonic()) < 5
+    assert gpus[2].recovery_action != 0
+    await send_request(path, {"op": "gpu-lost", "gpu": "2"})
+    assert gpus[2].lost
+    await send_request(path, {"op": "recover", "gpu": "2"})
+    assert not gpus[2].lost and gpus[2].recovery_action == 0
+    await send_request(path, {"op": "ecc", "gpu": "1"})
+    assert gpus[1].recovery_action != 0
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        ({"op": "xid", "gpu": "8", "xid": 79}, "no GPU '8'.*index 0-7"),
+        ({"op": "reboot", "gpu": "0"}, "unknown operation 'reboot'"),
+        ({"op": "xid", "gpu": "0", "xid": 79, "count": 0}, "count must be"),
+        ({"op": "xid", "gpu": "0"}, "xid"),
+    ],
+)
+async def test_bad_requests_are_refused(
+    control: tuple[SimulatedHost, Path], request_: dict[str, object], message: str
+) -> None:
+    _, path = control
+    with pytest.raises(ControlError, match=message):
+        await send_request(path, request_)
+
+
+async def test_no_agent_listening_says_what_to_check(tmp_path: Path) -> None:
+    with pytest.raises(ControlError, match="is `gpu-dra-agent run --simulate"):
+        await send_request(tmp_path / "none.sock", {"op": "recover", "gpu": "0"})

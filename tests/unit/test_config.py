@@ -1,0 +1,159 @@
+"""Settings: precedence (flags > environment > config file > defaults) and validation messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.config import AgentConfig, ConfigError, load_config
+
+
+def flags(**given: Any) -> dict[str, Any]:
+    return given
+
+
+def test_defaults_with_only_a_node_name() -> None:
+    config = load_config(flags(node_name="node-a"), {})
+    assert config == AgentConfig(
+        node_name="node-a",
+        kubeconfig=None,
+        driver_name="gpu.nvidia.com",
+        registrar_dir=Path("/var/lib/kubelet/plugins_registry"),
+        plugins_dir=Path("/var/lib/kubelet/plugins"),
+        cdi_root=Path("/var/run/cdi"),
+        driver_root=Path("/"),
+        host_root=Path("/"),
+        simulate=None,
+        instance_id=None,
+    )
+    assert config.dra_socket == Path("/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock")
+    assert config.registration_socket == Path(
+        "/var/lib/kubelet/plugins_registry/gpu.nvidia.com-reg.sock"
+    )
+
+
+def test_flags_beat_environment_beats_file_beats_default(tmp_path: Path) -> None:
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text(
+        "node-name: from-file\ncdi-root: /file/cdi\nplugins_dir: /file/plugins\n"
+        "registrar-dir: /file/registry\n"
+    )
+    environ = {"NODE_NAME": "from-env", "CDI_ROOT": "/env/cdi"}
+    config = load_config(flags(node_name="from-flag"), environ, config_file)
+    assert config.node_name == "from-flag"  # flag over environment and file
+    assert config.cdi_root == Path("/env/cdi")  # environment over file
+    assert config.plugins_dir == Path("/file/plugins")  # file over default (snake_case key)
+    assert config.registrar_dir == Path("/file/registry")
+    assert config.driver_name == "gpu.nvidia.com"  # default
+
+
+def test_environment_variables_are_read() -> None:
+    environ = {
+        "NODE_NAME": "node-b",
+        "KUBELET_REGISTRAR_DIRECTORY_PATH": "/r",
+        "KUBELET_PLUGINS_DIRECTORY_PATH": "/p",
+        "NVIDIA_DRIVER_ROOT": "/run/nvidia/driver",
+        "GPU_DRA_SIMULATE": "dgx-a100",
+        "POD_UID": "5D4C7B3A-0000-4000-8000-000000000001",
+    }
+    config = load_config(flags(), environ)
+    assert config.node_name == "node-b"
+    assert config.driver_root == Path("/run/nvidia/driver")
+    assert config.simulate == "dgx-a100"
+    # rolling update: one socket name per instance (the pod UID, lower-cased)
+    uid = "5d4c7b3a-0000-4000-8000-000000000001"
+    assert config.instance_id == uid
+    assert config.dra_socket == Path(f"/p/gpu.nvidia.com/dra-{uid}.sock")
+    assert config.registration_socket == Path(f"/r/gpu.nvidia.com-{uid}-reg.sock")
+
+
+def test_simulate_puts_host_and_driver_root_under_the_plugin_dir() -> None:
+    config = load_config(flags(node_name="n", simulate="dgx-h100", plugins_dir="/p"), {})
+    assert config.host_root == Path("/p/gpu.nvidia.com/simulated-host")
+    assert config.driver_root == config.host_root
+    given = load_config(flags(node_name="n", simulate="dgx-h100", host_root="/h"), {})
+    assert given.host_root == Path("/h")
+
+
+def test_relative_paths_become_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(flags(node_name="n", cdi_root="cdi"), {})
+    assert config.cdi_root == tmp_path / "cdi"
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "message"),
+    [
+        ({}, {}, "the node name is required: pass --node-name or set NODE_NAME"),
+        ({"node_name": "Node_A"}, {}, "--node-name 'Node_A' is not a valid node name"),
+        ({}, {"NODE_NAME": "a..b"}, "NODE_NAME 'a..b' is not a valid node name"),
+        (
+            {"node_name": "n", "driver_name": "GPU"},
+            {},
+            "--driver-name 'GPU' is not a valid DRA driver name",
+        ),
+        (
+            {"node_name": "n", "instance_id": "a/b"},
+            {},
+            "--instance-id 'a/b' is not a valid instance id",
+        ),
+        ({"node_name": "n"}, {"POD_UID": "x" * 64}, "POD_UID"),
+        ({"node_name": "n", "kubeconfig": "/nonexistent/k"}, {}, "kubeconfig /nonexistent/k"),
+        ({"node_name": "n"}, {"KUBECONFIG": "/a:/b"}, "KUBECONFIG names several files"),
+        ({"node_name": "n", "simulate": " "}, {}, "--simulate is empty"),
+        ({"node_name": "n", "plugins_dir": "/" + "p" * 120}, {}, "shorten --plugins-dir"),
+        (
+            {"node_name": "n"},
+            {"KUBELET_REGISTRAR_DIRECTORY_PATH": "/" + "r" * 100},
+            "shorten KUBELET_REGISTRAR_DIRECTORY_PATH",
+        ),
+    ],
+)
+def test_validation_names_the_source(
+    given: dict[str, Any], environ: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(given, environ)
+    assert message in str(caught.value)
+
+
+def test_config_file_errors(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("node-name: n\nnode-nmae: typo\n")
+    with pytest.raises(ConfigError, match="unknown key 'node-nmae'"):
+        load_config(flags(), {}, path)
+    path.write_text("- a list\n")
+    with pytest.raises(ConfigError, match="must be a mapping of settings"):
+        load_config(flags(), {}, path)
+    path.write_text("node-name: [a, b]\n")
+    with pytest.raises(ConfigError, match="key 'node-name' needs a single value"):
+        load_config(flags(), {}, path)
+    path.write_text("node-name: a\nnode_name: b\n")
+    with pytest.raises(ConfigError, match="given twice"):
+        load_config(flags(), {}, path)
+    path.write_text("node-name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(flags(), {}, path)
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load_config(flags(), {}, tmp_path / "missing.yaml")
+
+
+def test_file_values_are_named_by_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("node-name: Bad_Name\n")
+    with pytest.raises(ConfigError, match=r"agent\.yaml: node-name 'Bad_Name' is not a valid"):
+        load_config(flags(), {}, path)
+
+
+def test_empty_environment_variable_counts_as_unset() -> None:
+    config = load_config(flags(node_name="n"), {"CDI_ROOT": ""})
+    assert config.cdi_root == Path("/var/run/cdi")
+
+
+def test_run_command_reports_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main
+
+    assert main(["run", "--node-name", "Not_Valid"]) == 1
+    assert "--node-name 'Not_Valid' is not a valid node name" in capsys.readouterr().err
