@@ -1,0 +1,64 @@
+"""Shared helpers for the deployment tests: paths, the tools, kustomize builds.
+
+These tests run the tools an operator would run (``kubectl kustomize``, ``systemd-analyze``).
+A missing tool fails the test with a message naming it, rather than skipping: CI must have
+them (``.ci/run`` checks for them before the suite starts).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+EXAMPLES = ROOT / "examples"
+SYSTEMD = ROOT / "systemd"
+#: Kubernetes versions the manifests must be valid for.
+VERSIONS = ("1.34", "1.35")
+
+
+def require_tool(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is not installed; the deployment tests need it (see .ci/run)")
+    return path
+
+
+def kustomizations() -> list[Path]:
+    """Every directory under deploy/kubernetes that kustomize can build."""
+    return sorted(p.parent for p in KUBERNETES.rglob("kustomization.yaml"))
+
+
+@cache
+def build_text(directory: Path) -> str:
+    kubectl = require_tool("kubectl")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
+    )
+    if result.returncode != 0:
+        pytest.fail(f"kubectl kustomize {directory} failed:\n{result.stderr}")
+    return result.stdout
+
+
+def build(directory: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(build_text(directory)) if doc]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"].get("name"))]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def example_objects() -> dict[str, list[dict[str, Any]]]:
+    return {
+        path.name: [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        for path in sorted(EXAMPLES.glob("*.yaml"))
+    }
