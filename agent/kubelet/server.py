@@ -4,11 +4,13 @@ grpclib's ``Server.close()`` cancels every running handler at once and sends not
 streams, so a client mid-call would hang until its deadline (dependency-notes §2). A graceful stop
 here is therefore done in steps: unlink the socket (nobody can connect any more), refuse new calls
 on open connections (UNAVAILABLE), let streaming handlers end by setting :attr:`stopping`, wait a
-bounded time for unary calls in flight, and only then close the server.
+bounded time for unary calls in flight, let grpclib finish sending their trailers, and only
+then close the server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,6 +79,26 @@ class UnixGrpcServer:
                     grace,
                     extra={"socket": str(self.path)},
                 )
+            if idle:
+                await _request_tasks_done(server, grace)
             server.close()
             await server.wait_closed()
         log.info("%s socket closed", self.name, extra={"socket": str(self.path)})
+
+
+async def _request_tasks_done(server: Server, limit_s: float) -> None:
+    """Wait (bounded) for grpclib's own request tasks to end.
+
+    A handler that returned has not yet sent its trailers: grpclib does that in the request task
+    after the handler returns, and ``Server.close()`` would cancel it, so a stream that ended
+    cleanly would reach the client as a lost connection. grpclib 0.4.9 (pinned) keeps those tasks
+    in ``Handler._tasks``; if a later version does not, this waits for nothing.
+    """
+    tasks = [
+        task
+        for handler in getattr(server, "_handlers", ())
+        for task in getattr(handler, "_tasks", {}).values()
+        if not task.done()
+    ]
+    if tasks:
+        await asyncio.wait(tasks, timeout=limit_s)
