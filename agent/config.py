@@ -66,6 +66,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cdi-root", "CDI_ROOT", str(DEFAULT_CDI_ROOT), is_path=True),
     # driver-root and host-root default to "/" except in simulate mode (see load_config)
     Setting("driver-root", "NVIDIA_DRIVER_ROOT", None, is_path=True),
+    # where the agent itself sees the driver root (a container mounts the host's elsewhere)
+    Setting("driver-root-mount", "NVIDIA_DRIVER_ROOT_MOUNT", None, is_path=True),
     Setting("host-root", None, None, is_path=True),
     Setting("simulate", "GPU_DRA_SIMULATE", None),
     Setting("instance-id", "POD_UID", None),
@@ -87,12 +89,18 @@ class AgentConfig:
     registrar_dir: Path
     plugins_dir: Path
     cdi_root: Path
-    driver_root: Path
+    driver_root: Path  # on the host: what CDI specs name
     host_root: Path
     simulate: str | None
     instance_id: str | None
     health_monitoring: bool = True
     health: HealthPolicy = field(default_factory=HealthPolicy)
+    driver_root_mount: Path | None = None  # where the agent reads it; None: at driver_root
+
+    @property
+    def driver_files(self) -> Path:
+        """Where the agent finds the driver's files (the mount, or the driver root itself)."""
+        return self.driver_root_mount or self.driver_root
 
     @property
     def plugin_dir(self) -> Path:
@@ -256,6 +264,9 @@ def load_config(
         plugins_dir=plugins_dir,
         cdi_root=_absolute(values["cdi-root"]),
         driver_root=roots["driver-root"],
+        driver_root_mount=(
+            _absolute(values["driver-root-mount"]) if "driver-root-mount" in values else None
+        ),
         host_root=roots["host-root"],
         simulate=simulate.value if simulate is not None else None,
         instance_id=instance_id,

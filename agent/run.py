@@ -49,6 +49,11 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "simulated host's directory with --simulate)",
     )
     add(
+        "--driver-root-mount",
+        help="where this process sees the driver root, when it is mounted elsewhere than on "
+        "the host (a container) [NVIDIA_DRIVER_ROOT_MOUNT] (default: the --driver-root path)",
+    )
+    add(
         "--host-root",
         help="where the host's /proc and /sys are (default: /, or <plugins-dir>/<driver>/"
         "simulated-host with --simulate)",

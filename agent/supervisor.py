@@ -154,6 +154,7 @@ class Supervisor:
             cdi_root=config.cdi_root,
             host_root=config.host_root,
             driver_root=config.driver_root,
+            driver_root_mount=config.driver_files,
             claim_reader=ApiClaimReader(api_client),
             boot_id=session.files.boot_id() or "unknown",
             events=events,

@@ -118,13 +118,15 @@ class PrepareEngine:
         boot_id: str,
         events: EventPoster,
         lock_timeout_s: float = 10.0,
+        driver_root_mount: Path | None = None,
     ) -> None:
         self.driver = driver
         self.pool = node_name
         self._inventory = inventory
         self._plugin_dir = Path(plugin_dir)
         self._host_root = Path(host_root)
-        self._driver_root = Path(driver_root)
+        self._driver_root = Path(driver_root)  # host path, named in CDI specs
+        self._driver_files = Path(driver_root_mount or driver_root)  # where we read it
         self._reader = claim_reader
         self._events = events
         self._store = CheckpointStore(self._plugin_dir, boot_id)
@@ -157,6 +159,7 @@ class PrepareEngine:
             self._inventory,
             self._host_root,
             self._driver_root,
+            self._driver_files,
         )
         async with self._node_lock.hold():
             checkpoint, report = await reconcile(

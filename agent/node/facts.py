@@ -44,9 +44,17 @@ class HostFacts:
 
     @classmethod
     def read(
-        cls, driver: str, pool: str, inventory: Inventory, host_root: Path, driver_root: Path
+        cls,
+        driver: str,
+        pool: str,
+        inventory: Inventory,
+        host_root: Path,
+        driver_root: Path,
+        driver_files: Path | None = None,
     ) -> HostFacts:
-        """Read ``/proc`` and the driver root under the given roots (blocking)."""
+        """Read ``/proc`` under ``host_root`` and the driver's files under ``driver_files``
+        (where this process sees the driver root; default ``driver_root``), naming them in the
+        common CDI spec by their host paths under ``driver_root`` (blocking)."""
         host = HostFiles(host_root)
         devices = node_devices(inventory)
         caps_major = host.device_majors().get("nvidia-caps")
@@ -68,7 +76,9 @@ class HostFacts:
                 continue
             mig[name] = MigInstance(device.gpu.uuid, gi, ci, caps_major, gi_minor, ci_minor)
         common = cdi.common_spec(
-            driver, _control_nodes(host_root), _driver_mounts(Path(driver_root))
+            driver,
+            _control_nodes(host_root),
+            _driver_mounts(Path(driver_files or driver_root), Path(driver_root)),
         )
         return cls(driver, pool, devices, mig, problems, common)
 
@@ -108,19 +118,22 @@ def _control_nodes(host_root: Path) -> list[str]:
     return [f"/dev/{name}" for name in CONTROL_NODES if (host_root / "dev" / name).exists()]
 
 
-def _driver_mounts(driver_root: Path) -> list[tuple[str, str]]:
-    """(host path, container path) of the driver's libraries and tools under ``driver_root``."""
+def _driver_mounts(seen_at: Path, on_host: Path) -> list[tuple[str, str]]:
+    """(host path, container path) of the driver's libraries and tools.
+
+    They are looked for under ``seen_at`` (where this process sees the driver root) and named
+    under ``on_host``: the container runtime reads the CDI spec on the host.
+    """
     mounts: list[tuple[str, str]] = []
     for relative in LIBRARY_DIRS:
-        directory = driver_root / relative
         try:
-            names = sorted(os.listdir(directory))
+            names = sorted(os.listdir(seen_at / relative))
         except OSError:
             continue
         for name in names:
             if name.startswith(LIBRARY_PREFIXES) and ".so" in name:
-                mounts.append((str(directory / name), f"/{relative}/{name}"))
+                mounts.append((str(on_host / relative / name), f"/{relative}/{name}"))
     for name in BINARIES:
-        if (driver_root / BINARY_DIR / name).is_file():
-            mounts.append((str(driver_root / BINARY_DIR / name), f"/{BINARY_DIR}/{name}"))
+        if (seen_at / BINARY_DIR / name).is_file():
+            mounts.append((str(on_host / BINARY_DIR / name), f"/{BINARY_DIR}/{name}"))
     return mounts

@@ -86,6 +86,6 @@ def test_nvml_is_loaded_from_the_daemonsets_driver_root_and_nothing_else() -> No
     )
     (container,) = daemonset["spec"]["template"]["spec"]["containers"]
     env_vars = {e["name"]: e.get("value") for e in container["env"]}
-    assert env_vars["NVIDIA_DRIVER_ROOT"] == driver_root
+    assert env_vars["NVIDIA_DRIVER_ROOT_MOUNT"] == driver_root
     assert "LD_LIBRARY_PATH" not in env_vars  # the driver root's own libc must stay out
     assert driver_root in {m["mountPath"] for m in container["volumeMounts"]}

@@ -40,6 +40,7 @@ def test_every_kustomization_is_found_and_builds() -> None:
     assert names == [
         "base",
         "overlays/bare-metal",
+        "overlays/host-driver",
         "overlays/production",
         "overlays/simulated",
         "tenant-quota",
@@ -152,21 +153,25 @@ def test_daemonset_runs_the_agent_as_the_issue_asks() -> None:
 
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    # each hostPath is mounted at its own path: the kubelet and CDI see host paths
-    assert {volumes[m["name"]]: path for path, m in mounts.items()} == {
-        path: path for path in mounts
-    }
+    # each hostPath is mounted at its own path (the kubelet and CDI see host paths), except the
+    # driver root, which the agent reads at NVIDIA_DRIVER_ROOT_MOUNT and names by its host path
+    env = _container_env(container)
+    driver_mount = env["NVIDIA_DRIVER_ROOT_MOUNT"]
+    assert volumes[mounts[driver_mount]["name"]] == env["NVIDIA_DRIVER_ROOT"]
+    assert {
+        volumes[m["name"]]: path for path, m in mounts.items() if path != driver_mount
+    } == {path: path for path in mounts if path != driver_mount}
     assert set(mounts) == {
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins",
         "/var/run/cdi",
-        "/run/nvidia/driver",
+        "/driver-root",
         "/dev",
         "/proc/driver/nvidia",
         "/sys",
     }
     assert mounts["/var/lib/kubelet/plugins"]["mountPropagation"] == "Bidirectional"
-    assert mounts["/run/nvidia/driver"]["mountPropagation"] == "HostToContainer"
+    assert mounts["/driver-root"]["mountPropagation"] == "HostToContainer"
 
 
 def _expand(arg: str, env: dict[str, str]) -> str:
@@ -185,6 +190,7 @@ def test_daemonset_settings_load_and_put_the_sockets_on_mounted_host_paths() -> 
     assert config.node_name == "gpu-node-1" and config.instance_id == UID
     assert config.dra_socket.name == f"dra-{UID}.sock"
     assert str(config.driver_root) == env["NVIDIA_DRIVER_ROOT"]
+    assert str(config.driver_files) == env["NVIDIA_DRIVER_ROOT_MOUNT"]
     mounted = [Path(m["mountPath"]) for m in container["volumeMounts"]]
     for path in (config.dra_socket, config.registration_socket, config.cdi_root):
         assert any(path.is_relative_to(m) for m in mounted), path

@@ -49,6 +49,18 @@ def test_flags_beat_environment_beats_file_beats_default(tmp_path: Path) -> None
     assert config.driver_name == "gpu.nvidia.com"  # default
 
 
+def test_driver_root_mount_defaults_to_the_driver_root() -> None:
+    plain = load_config(flags(node_name="node-a", driver_root="/run/nvidia/driver"), {})
+    assert plain.driver_root_mount is None
+    assert plain.driver_files == Path("/run/nvidia/driver")
+    mounted = load_config(
+        flags(node_name="node-a"),
+        {"NVIDIA_DRIVER_ROOT": "/run/nvidia/driver", "NVIDIA_DRIVER_ROOT_MOUNT": "/driver-root"},
+    )
+    assert mounted.driver_root == Path("/run/nvidia/driver")
+    assert mounted.driver_files == Path("/driver-root")
+
+
 def test_environment_variables_are_read() -> None:
     environ = {
         "NODE_NAME": "node-b",
