@@ -158,9 +158,9 @@ def test_daemonset_runs_the_agent_as_the_issue_asks() -> None:
     env = _container_env(container)
     driver_mount = env["NVIDIA_DRIVER_ROOT_MOUNT"]
     assert volumes[mounts[driver_mount]["name"]] == env["NVIDIA_DRIVER_ROOT"]
-    assert {
-        volumes[m["name"]]: path for path, m in mounts.items() if path != driver_mount
-    } == {path: path for path in mounts if path != driver_mount}
+    assert {volumes[m["name"]]: path for path, m in mounts.items() if path != driver_mount} == {
+        path: path for path in mounts if path != driver_mount
+    }
     assert set(mounts) == {
         "/var/lib/kubelet/plugins_registry",
         "/var/lib/kubelet/plugins",
