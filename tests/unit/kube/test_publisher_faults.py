@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 from typing import Any
 
@@ -27,6 +28,8 @@ from tests.unit.kube.helpers import (
 
 pytestmark = pytest.mark.anyio
 TAINT = DeviceTaint("gpu.nvidia.com/xid", "48", "NoSchedule")
+
+CHAOS_SECONDS = float(os.environ.get("GPU_DRA_CHAOS_SECONDS", "3"))
 
 
 def tainted(devices: list[DraDevice], upto: int) -> list[DraDevice]:
@@ -187,7 +190,9 @@ async def test_chaos_never_crashes_and_converges_after_faults_stop(
     async with running(publisher):
         with anyio.fail_after(10):
             await publisher.wait_converged()
-        with anyio.move_on_after(3.0):  # faults and disturbances for 3 s
+        # faults and disturbances for 3 s; the acceptance run is 30 s:
+        # GPU_DRA_CHAOS_SECONDS=30 pytest tests/unit/kube/test_publisher_faults.py -k chaos
+        with anyio.move_on_after(CHAOS_SECONDS):
             while True:
                 if chance.random() < 0.4:
                     status = chance.choice([500, 409, 429, 503])
@@ -220,4 +225,4 @@ async def test_chaos_never_crashes_and_converges_after_faults_stop(
             validate(obj, version)
     assert publisher.stats.errors > 0
     # Backoff bounds the load: far fewer requests than ticks times retries would give.
-    assert len(apiserver.requests.records(path=SLICES_PATH)) < 200
+    assert len(apiserver.requests.records(path=SLICES_PATH)) < 200 * max(1.0, CHAOS_SECONDS / 3)
