@@ -69,6 +69,22 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="unique id for the socket names, for overlapping instances in a rolling update "
         "[POD_UID]",
     )
+    add(
+        "--health-monitoring",
+        metavar="true|false",
+        help="watch the GPUs (XID, ECC, lost GPU) and taint unhealthy devices "
+        "[GPU_DRA_HEALTH_MONITORING] (default: true)",
+    )
+    add(
+        "--health-xids",
+        metavar="LIST",
+        help='XID actions laid over the defaults, e.g. "79=NoExecute, 62=Ignore"',
+    )
+    add(
+        "--health-quarantine-seconds",
+        metavar="N",
+        help="how long a NoSchedule XID taint stays after the last occurrence (default: 300)",
+    )
 
 
 async def run(args: argparse.Namespace) -> int:

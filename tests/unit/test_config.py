@@ -169,3 +169,25 @@ def test_run_command_reports_config_errors(capsys: pytest.CaptureFixture[str]) -
 
     assert main(["run", "--node-name", "Not_Valid"]) == 1
     assert "--node-name 'Not_Valid' is not a valid node name" in capsys.readouterr().err
+
+
+def test_health_settings_from_flags_beat_the_environment() -> None:
+    import argparse
+
+    from agent.run import configure_parser
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    args = parser.parse_args(
+        [
+            "--node-name",
+            "node-a",
+            "--health-monitoring",
+            "false",
+            "--health-quarantine-seconds",
+            "60",
+        ]
+    )
+    config = load_config(vars(args), {"GPU_DRA_HEALTH_MONITORING": "true"})
+    assert config.health_monitoring is False
+    assert config.health.quarantine_seconds == 60
