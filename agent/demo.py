@@ -1,7 +1,8 @@
 """Watch the whole agent work on one screen, without a GPU or a cluster (``gpu-dra-agent demo``).
 
 A person evaluating the agent wants to see it do its real job: register with a kubelet,
-publish ResourceSlices, prepare claims into CDI devices and clean up. This command starts the
+publish ResourceSlices, prepare claims into CDI devices, clean up, and taint a GPU that fails
+and untaint it once it is reset. This command starts the
 embedded API server, runs the real ``gpu-dra-agent run`` command as a subprocess on a simulated
 host, and drives it with the kubelet emulator, in a temporary directory that is removed at the
 end. It exits 0 only if every step worked, so it doubles as a smoke test.
@@ -142,12 +143,13 @@ async def _demo(args: argparse.Namespace, workdir: Path) -> None:
                     )
                     await _show_slices(server, node)
                     await _prepare_and_unprepare(server, kubelet, node)
+                    await _gpu_health(server, kubelet, node, workdir / "plugins" / DRIVER)
             finally:
                 await _stop(process)
         left = await anyio.to_thread.run_sync(lambda: [str(p) for p in workdir.rglob("*.sock")])
         if left:
             raise DemoFailed(f"the agent left sockets behind: {', '.join(left)}")
-        say(f"8. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
+        say(f"9. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
 
 
 async def _wait_registered(kubelet: Any, process: Process) -> Any:
@@ -223,6 +225,49 @@ async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> None:
             raise DemoFailed(f"unpreparing {ref.name} failed: {error}")
         say(f"   {ref.name}: unprepared")
     _show_cdi_files(Path(kubelet.registrar_dir).parent / "cdi")
+
+
+async def _gpu_health(server: Any, kubelet: Any, node: str, plugin_dir: Path) -> None:
+    """An XID 79 (GPU fallen off the bus) on GPU 3, then a completed reset: the taint and the
+    kubelet's health stream follow both ways."""
+    import anyio
+
+    from agent.sim.control.client import send_request
+    from agent.sim.control.protocol import control_socket_path
+    from agent.sim.kubelet import DeviceHealthState
+
+    control = control_socket_path(plugin_dir)
+    say("8. GPU health: the simulated driver reports XID 79 on GPU 3 (fell off the bus)")
+    await send_request(control, {"op": "xid", "gpu": "3", "xid": 79, "count": 1})
+    await kubelet.wait_health(DRIVER, node, "gpu-3", DeviceHealthState.UNHEALTHY, START_TIMEOUT)
+    others = {f"gpu-{i}": kubelet.health(DRIVER, node, f"gpu-{i}") for i in (0, 1, 2, 4, 5, 6, 7)}
+    if set(others.values()) != {DeviceHealthState.HEALTHY}:
+        raise DemoFailed(f"an XID on gpu-3 changed other GPUs' health: {others}")
+    say("   health stream: gpu-3 Unhealthy at the kubelet; the other GPUs stay Healthy")
+    with anyio.fail_after(START_TIMEOUT):
+        while not (taints := _taints(server, "gpu-3")):  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    for taint in taints:
+        say(
+            f"   ResourceSlice taint on gpu-3: {taint['key']}={taint.get('value', '')}:{taint['effect']}"
+        )
+    say("   the GPU is reset (simulated); the agent sees no pending recovery action")
+    await send_request(control, {"op": "recover", "gpu": "3"})
+    await kubelet.wait_health(DRIVER, node, "gpu-3", DeviceHealthState.HEALTHY, START_TIMEOUT)
+    with anyio.fail_after(START_TIMEOUT):
+        while _taints(server, "gpu-3"):  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    say("   health stream: gpu-3 Healthy again; its taint is gone from the ResourceSlice")
+
+
+def _taints(server: Any, device: str) -> list[dict[str, Any]]:
+    return [
+        taint
+        for item in server.list_objects("resourceslices")
+        for entry in item["spec"].get("devices", [])
+        if entry["name"] == device
+        for taint in entry.get("taints", [])
+    ]
 
 
 def _show_cdi_files(cdi_root: Path) -> None:

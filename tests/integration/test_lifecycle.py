@@ -68,4 +68,6 @@ async def test_demo_exits_0() -> None:
     assert result.returncode == 0, output + result.stderr.decode()
     assert "registered gpu.nvidia.com" in output
     assert "CDI device k8s.gpu.nvidia.com/" in output
+    assert "ResourceSlice taint on gpu-3: gpu.nvidia.com/xid=79:NoExecute" in output
+    assert "gpu-3 Healthy again" in output
     assert "demo finished: every step worked" in output
