@@ -20,6 +20,11 @@ every row that talks to it.
 * ``target``: 1.5 x (grpc empty prepare + http GET claim + 2 x durable write), from the p50s,
   and the p50 of the one-GPU prepare rows divided by it (<= 1 meets the target).
 
+All rows but the batch are measured in turns (``_Rows``): blocks of 10 back-to-back calls of
+one row, each after an untimed call, the rows taking turns until each has ``repeat``
+samples. Each component is thus measured warm, as a loop of it alone would measure it, and
+all rows see the same machine load over the run (docs/PERFORMANCE.md explains why).
+
 :func:`measure` is the entry point for other callers (it returns the rows as ``Result``).
 """
 
@@ -80,12 +85,7 @@ async def measure(base: Path, repeat: int) -> list[Result]:
         client = await create_api_client(kubeconfig)
         bench = _Bench(base, url, client)
         try:
-            rows = [
-                await bench.http_get(repeat),
-                await bench.reader_get(repeat),
-                await bench.durable_write(repeat),
-            ]
-            rows += await bench.h100(repeat)
+            rows = await bench.h100(repeat)
             rows.append(await bench.a100(repeat))
         finally:
             await bench.reader.close()
@@ -117,6 +117,35 @@ async def _timed(name: str, repeat: int, call: Callable[[], Awaitable[Any]]) -> 
     return Result(name, tuple(samples))
 
 
+class _Rows:
+    """Rows measured in blocks: ``BLOCK`` calls of one row back to back, each block after
+    one untimed call of that row, the blocks of all rows taking turns (``round``)."""
+
+    BLOCK = 10
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[float]] = {}
+
+    async def block(
+        self,
+        name: str,
+        call: Callable[[], Awaitable[Any]],
+        after: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        """One block of ``name``: ``call`` timed, ``after`` (an unprepare) untimed."""
+        for index in range(self.BLOCK + 1):
+            started = time.perf_counter()
+            await call()
+            elapsed = time.perf_counter() - started
+            if after is not None:
+                await after()
+            if index > 0:  # the first call of a block warms it up
+                self.samples.setdefault(name, []).append(elapsed * 1000)
+
+    def results(self) -> list[Result]:
+        return [Result(name, tuple(samples)) for name, samples in self.samples.items()]
+
+
 class _Bench:
     def __init__(self, base: Path, url: str, client: Any) -> None:
         self.base = base
@@ -133,34 +162,6 @@ class _Bench:
             self.url, name, [AllocatedDevice("gpu", device, NODE)], node_name=NODE
         )
         return ClaimRef("default", created["metadata"]["uid"], name)
-
-    async def http_get(self, repeat: int) -> Result:
-        await self._claim("plain", "gpu-0")
-        url = f"{self.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain"
-        async with aiohttp.ClientSession() as session:
-
-            async def get() -> None:
-                async with session.get(url) as response:
-                    await response.read()
-
-            return await _timed("http GET claim", repeat, get)
-
-    async def reader_get(self, repeat: int) -> Result:
-        reader = ApiClaimReader(self.client)
-        try:
-            return await _timed("claim reader GET", repeat, lambda: reader.read("default", "plain"))
-        finally:
-            await reader.close()
-
-    async def durable_write(self, repeat: int) -> Result:
-        target = self.base / "node-h100" / "plugins" / DRIVER / "bench.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        data = b"x" * 4096
-
-        async def write() -> None:
-            await anyio.to_thread.run_sync(write_atomic, target, data)
-
-        return await _timed("durable write 4 KiB", repeat, write)
 
     async def _engine(self, profile: str, cdi_root: Path, name: str = "") -> PrepareEngine:
         node = self.base / f"node-{profile}{name}"
@@ -184,6 +185,11 @@ class _Bench:
         return engine
 
     async def h100(self, repeat: int) -> list[Result]:
+        """All rows but the batch, in turns of ``_Rows.BLOCK`` calls per row: each row is
+        measured back to back (warm, as a loop of trivial RPCs or of writes measures its
+        best case), and the turns spread every row over the whole run, so the target's
+        components and the prepares see the same machine load (other processes, the file
+        system's journal) and their ratio does not drift with it."""
         engine = await self._engine("dgx-h100", self.cdi_root / "h100")
         on_disk = await self._engine("dgx-h100", self.base / "cdi-disk", "-disk")
         socket = self.base / "dra.sock"
@@ -192,41 +198,56 @@ class _Bench:
         )
         await grpc_server.start()
         channel = Channel(path=str(socket))
+        session = aiohttp.ClientSession()
+        reader = ApiClaimReader(self.client)
         try:
             kubelet = DraClient(DRIVER, channel, api.DRA_V1_SERVICE)
+            await self._claim("plain", "gpu-0")
+            url = f"{self.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain"
             ref = await self._claim("one-gpu", "gpu-0")
             wire = WireClaimRef(ref.namespace, ref.name, ref.uid)
-            samples: dict[str, list[float]] = {"engine": [], "disk": [], "grpc": []}
+            target = self.base / "node-dgx-h100" / "plugins" / DRIVER / "bench.json"  # beside
+            assert target.parent.is_dir()  # the checkpoint of ``engine``
+            data = b"x" * 4096
 
-            async def engine_prepare(which: str, chosen: PrepareEngine) -> None:
-                started = time.perf_counter()
-                result = (await chosen.prepare([ref]))[ref.uid]
-                elapsed = time.perf_counter() - started
-                assert result.error is None, result.error
-                await chosen.unprepare([ref])
-                samples[which].append(elapsed * 1000)
+            async def get() -> None:
+                async with session.get(url) as response:
+                    await response.read()
+
+            async def write() -> None:
+                await anyio.to_thread.run_sync(write_atomic, target, data)
+
+            async def prepare(chosen: PrepareEngine) -> None:
+                assert (await chosen.prepare([ref]))[ref.uid].error is None
 
             async def grpc_prepare() -> None:
-                started = time.perf_counter()
-                result = (await kubelet.prepare([wire]))[ref.uid]
-                elapsed = time.perf_counter() - started
-                assert not result.error, result.error
-                await kubelet.unprepare([wire])
-                samples["grpc"].append(elapsed * 1000)
+                assert not (await kubelet.prepare([wire]))[ref.uid].error
 
-            empty = await _timed("grpc empty prepare", repeat, lambda: kubelet.prepare([]))
-            for _ in range(repeat + 2):  # interleaved, so all see the same machine load
-                await engine_prepare("engine", engine)
-                await engine_prepare("disk", on_disk)
-                await grpc_prepare()
-            where = self.cdi_label
-            return [
-                empty,
-                Result(f"engine prepare 1 GPU, CDI {where}", tuple(samples["engine"][2:])),
-                Result("engine prepare 1 GPU, CDI on disk", tuple(samples["disk"][2:])),
-                Result(f"grpc prepare 1 GPU, CDI {where}", tuple(samples["grpc"][2:])),
-            ]
+            rows, where = _Rows(), self.cdi_label
+            for _ in range(max(1, round(repeat / rows.BLOCK))):
+                await rows.block("http GET claim", get)
+                await rows.block("claim reader GET", lambda: reader.read("default", "plain"))
+                await rows.block("durable write 4 KiB", write)
+                await rows.block("grpc empty prepare", lambda: kubelet.prepare([]))
+                await rows.block(
+                    f"engine prepare 1 GPU, CDI {where}",
+                    lambda: prepare(engine),
+                    lambda: engine.unprepare([ref]),
+                )
+                await rows.block(
+                    "engine prepare 1 GPU, CDI on disk",
+                    lambda: prepare(on_disk),
+                    lambda: on_disk.unprepare([ref]),
+                )
+                await rows.block(
+                    f"grpc prepare 1 GPU, CDI {where}",
+                    grpc_prepare,
+                    lambda: kubelet.unprepare([wire]),
+                )
+            return rows.results()
         finally:
+            await reader.close()
+            await session.close()
             channel.close()
             await grpc_server.stop(grace=1.0)
             await engine.close()

@@ -23,7 +23,8 @@ a corrupt checkpoint, see ``reconcile``) keep their entry until step 3 replaces 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from typing import Any
 
 import anyio
 from opentelemetry import trace
@@ -36,6 +37,7 @@ from agent.node.crash import crash_point
 from agent.node.errors import NodeError
 from agent.node.facts import claim_spec
 from agent.node.holders import DeviceHolders, Prepared
+from agent.node.offload import FILES
 from agent.node.plan import PrepareRefused
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
@@ -62,10 +64,10 @@ async def write_spec(
         span.set_attribute("claim.uid", uid)
         if ensure:
             path = specs.claim_path(uid)
-            written = await anyio.to_thread.run_sync(specs.ensure, path, spec)
+            written = await FILES.run(specs.ensure, path, spec)
             span.set_attribute("cdi.rewritten", written)
         else:
-            await anyio.to_thread.run_sync(specs.write_claim, uid, spec)
+            await FILES.run(specs.write_claim, uid, spec)
 
 
 class PrepareBatch:
@@ -101,13 +103,22 @@ class PrepareBatch:
                 checkpoint = cp.mark_started(checkpoint, ref.uid, ref.namespace, ref.name)
                 intent = True
         self._state.update(checkpoint)
+        # The intent write goes to the writer thread now, before the claims are read: it is
+        # the longer of the two paths. One claim (the usual request) needs no task group.
+        intent_write = self._state.start(more=True) if intent else None
         try:
-            async with anyio.create_task_group() as group:
-                if intent:
-                    group.start_soon(self._commit_started)
-                for ref in refs:
-                    group.start_soon(self._claim, ref)
+            if len(refs) == 1:
+                await self._claim(refs[0])
+            else:
+                async with anyio.create_task_group() as group:
+                    for ref in refs:
+                        group.start_soon(self._claim, ref)
+            if intent_write is not None:
+                started, intent_write = intent_write, None
+                await self._commit_started(started)
         except BaseException:  # cancelled (the kubelet's deadline) or a bug
+            if intent_write is not None:
+                intent_write.close()  # not awaited: the commit below waits for its write
             with anyio.CancelScope(shield=True):
                 await self._restore(list(self._previous))
                 if intent:  # take the started entries off the disk again
@@ -139,9 +150,9 @@ class PrepareBatch:
         self._written[ref.uid] = devices
         crash_point("after-cdi-write")
 
-    async def _commit_started(self) -> None:
+    async def _commit_started(self, write: Coroutine[Any, Any, None]) -> None:
         try:
-            await self._state.commit()
+            await write
         except NodeError as error:
             self._commit_error = str(error)
             return
@@ -209,6 +220,6 @@ class PrepareBatch:
                 continue  # its old spec must stay (a write replaces it atomically)
             if uid in self._written:
                 try:
-                    await anyio.to_thread.run_sync(self._specs.remove_claim, uid)
+                    await FILES.run(self._specs.remove_claim, uid)
                 except NodeError:
                     pass  # an orphan spec is removed at the next start

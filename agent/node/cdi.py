@@ -110,9 +110,13 @@ class CdiSpecDirectory:
         return durable.clean_temporaries(self.root)
 
     def _write(self, path: Path, spec: Mapping[str, Any]) -> Path:
+        data = cdi.encode_spec(spec)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            durable.write_atomic(path, cdi.encode_spec(spec), SPEC_MODE)
+            try:
+                durable.write_atomic(path, data, SPEC_MODE)
+            except FileNotFoundError:  # the directory is created only when it is missing
+                self.root.mkdir(parents=True, exist_ok=True)
+                durable.write_atomic(path, data, SPEC_MODE)
         except OSError as error:
             raise CdiFileError(
                 f"could not write CDI spec {path}: {error}; check that the CDI directory "

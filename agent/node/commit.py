@@ -6,31 +6,52 @@ of claims and then calls :meth:`CheckpointCommitter.commit` once per phase. Beca
 write stores the whole document, a commit that finds its change already written by a
 concurrent request's write returns at once: concurrent requests share fsyncs instead of
 queueing behind each other (they share one hold of the node lock, ``locks``). The in-memory
-checkpoint changes only on the event loop; the write runs in a worker thread on an immutable
-snapshot. When another agent instance wrote the file, the engine replaces the in-memory
-checkpoint wholesale (:meth:`CheckpointCommitter.reload`) before the next request uses it.
+checkpoint changes only on the event loop; the write runs on an immutable snapshot in the
+committer's own writer thread, one write at a time. When another agent instance wrote the
+file, the engine replaces the in-memory checkpoint wholesale
+(:meth:`CheckpointCommitter.reload`) before the next request uses it.
+
+Latency: when no write is running, :meth:`CheckpointCommitter.commit` hands its snapshot to
+the writer thread before it yields for the first time. A prepare starts its
+``PrepareStarted`` write that way before it sends the claim GET, so the write (the longer of
+the two) is not delayed by the GET's work on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from typing import Any
 
 import anyio
+from opentelemetry import trace
 
 from agent.node.checkpoint import Checkpoint, PreparedClaim
 from agent.node.checkpoint_store import CheckpointStore
+from agent.node.offload import IoThreads
 from agent.telemetry.tracing import tracer
 
 
 class CheckpointCommitter:
     """The engine's checkpoint: an in-memory version and what of it is durable."""
 
-    def __init__(self, store: CheckpointStore, checkpoint: Checkpoint) -> None:
+    def __init__(
+        self,
+        store: CheckpointStore,
+        checkpoint: Checkpoint,
+        *,
+        tidy: Callable[[], None] | None = None,
+    ) -> None:
+        """``tidy`` (``CheckpointStore.close_retired``) is queued in the writer thread
+        behind a write that expects no follow-up: it runs while the caller goes on."""
         self._store = store
+        self._tidy = tidy
         self._checkpoint = checkpoint
         self._version = 0
         self._durable_version = 0
-        self._write_lock = anyio.Lock()
+        self._writer = IoThreads("gpu-dra-checkpoint", max_threads=1)
+        self._running: asyncio.Future[None] | None = None  # the write in the writer thread
         self.writes = 0  # checkpoint files written since start (a test and metrics hook)
 
     @property
@@ -49,24 +70,78 @@ class CheckpointCommitter:
         Only between requests: the engine reloads when it takes the node lock afresh, when
         no request of this process (and so no commit) is running.
         """
-        if self._write_lock.locked():
+        if self._running is not None:
             raise RuntimeError("the checkpoint cannot be reloaded while a write is running")
         self._checkpoint = checkpoint
         self._version += 1
         self._durable_version = self._version
 
-    async def commit(self) -> None:
-        """Make the in-memory checkpoint as of this call durable; raises ``NodeError``."""
+    def close(self) -> None:
+        """Let the writer thread exit (after the write in flight, if any)."""
+        self._writer.close()
+
+    async def commit(self, *, more: bool = False) -> None:
+        """Make the in-memory checkpoint as of this call durable; raises ``NodeError``.
+
+        A write that is already running covers only the changes made before it started:
+        wait for it (without its error: it was another caller's), then write if still
+        needed. A write that was started is waited for even if the caller is cancelled.
+        ``more``: the caller will commit again soon (the ``PrepareStarted`` write), so the
+        tidying waits for that write.
+        """
+        await self.start(more=more)
+
+    def start(self, *, more: bool = False) -> Coroutine[Any, Any, None]:
+        """``commit()``, with the write handed to the writer thread before this returns
+        (unless another write is running): the caller awaits the result later, after work
+        of its own. The returned coroutine must be awaited or closed."""
         target = self._version
-        async with self._write_lock:
-            if self._durable_version >= target:
-                return  # a write that started after our change already covered it
-            snapshot, version = self._checkpoint, self._version
-            with tracer().start_as_current_span("checkpoint.write") as span:
-                span.set_attribute("checkpoint.claims", len(snapshot.claims))
-                await anyio.to_thread.run_sync(self._store.save, snapshot)
-            self.writes += 1
-            self._durable_version = version
+        begun = None
+        if self._running is None and self._durable_version < target:
+            begun = self._begin(more)
+        return self._wait(target, more, begun)
+
+    async def _wait(self, target: int, more: bool, begun: asyncio.Future[None] | None) -> None:
+        if begun is not None:
+            await _finish(begun)
+        while self._durable_version < target:
+            running = self._running
+            if running is None:
+                await _finish(self._begin(more))
+            else:
+                await asyncio.wait((running,))
+
+    def _begin(self, more: bool) -> asyncio.Future[None]:
+        snapshot, version = self._checkpoint, self._version
+        span = tracer().start_span("checkpoint.write")
+        span.set_attribute("checkpoint.claims", len(snapshot.claims))
+        running = self._writer.submit(self._store.save, snapshot)
+        self._running = running
+        if not more and self._tidy is not None:
+            self._writer.submit(self._tidy)  # behind this write; nobody waits for it
+
+        def finished(future: asyncio.Future[None]) -> None:  # runs before any waiter
+            self._running = None
+            error = None if future.cancelled() else future.exception()
+            if error is not None:
+                span.record_exception(error)
+                span.set_status(trace.StatusCode.ERROR, str(error))
+            elif not future.cancelled():
+                self.writes += 1
+                self._durable_version = max(self._durable_version, version)
+            span.end()  # the span covers the write, whether or not its caller still waits
+
+        running.add_done_callback(finished)
+        return running
+
+
+async def _finish(running: asyncio.Future[None]) -> None:
+    """Wait for a write this caller began (even if cancelled); raise its error."""
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait((running,))  # never cancels the write itself
+    error = running.exception()
+    if error is not None:
+        raise error
 
 
 def restore_claim(checkpoint: Checkpoint, claim: PreparedClaim) -> Checkpoint:

@@ -17,7 +17,9 @@ one claim GET + two durable writes)):
   crash between any two of these writes is safe: startup removes a spec no checkpoint entry
   owns and rolls back started claims (``batch``, ``reconcile``);
 - host facts (MIG capability minors, the common spec) are read at start; NVML is never
-  called on the hot path, and blocking file I/O runs in worker threads.
+  called on the hot path, and blocking file I/O runs in worker threads (``offload``: the
+  checkpoint has one writer thread, which gets the ``PrepareStarted`` write before the
+  claim GET starts; docs/PERFORMANCE.md says what each measure saved).
 
 Rolling upgrades (kubelet-dra-protocol.md §1, §6, §8; nvidia-driver-facts.md §13): the
 DaemonSet surges a new instance (its own socket names, ``--instance-id``) that must start,
@@ -51,7 +53,8 @@ Lock order (outermost first; a holder may only take locks further down):
    concurrent requests of this process and held while at least one of them runs (and
    during startup reconciliation); a reload happens at its acquisition;
 2. the per-claim locks of one request, taken in ascending claim UID order (``locks``);
-3. the checkpoint write lock (``commit``), held only around one checkpoint file write.
+3. the checkpoint write lock (``commit``), held only around one checkpoint file write: the
+   committer's single writer thread and its write in flight, which a commit waits for.
 
 The checkpoint and the CDI writes of a batch are shielded from cancellation, so a kubelet
 deadline that expires mid-request leaves memory and disk in agreement.
@@ -165,7 +168,9 @@ class PrepareEngine:
             checkpoint, report = await reconcile(
                 self._store, self._specs, self._facts, self._events
             )
-            self._state = self._committer = CheckpointCommitter(self._store, checkpoint)
+            self._state = self._committer = CheckpointCommitter(
+                self._store, checkpoint, tidy=self._store.close_retired
+            )
         return report
 
     def _make_directories(self) -> None:
@@ -179,6 +184,8 @@ class PrepareEngine:
             await self._idle.wait()
         if self._running == 0:
             self._store.close()
+            if self._committer is not None:
+                self._committer.close()
 
     async def _on_lock_taken(self) -> None:
         """Reload the checkpoint if another instance wrote it since this one last did."""
@@ -271,13 +278,22 @@ class PrepareEngine:
                     if entry is None or not _reusable(entry):
                         fresh.append(ref)
                 batch = PrepareBatch(state, self._specs, self._holders, self._plan, spans)
-                async with anyio.create_task_group() as group:
-                    for ref in unique:
-                        entry = state.checkpoint.claims.get(ref.uid)
-                        if ref.uid not in results and entry is not None and _reusable(entry):
-                            group.start_soon(self._reensure, entry, spans[ref.uid], results)
+                reused = [
+                    entry
+                    for ref in unique
+                    if ref.uid not in results
+                    and (entry := state.checkpoint.claims.get(ref.uid)) is not None
+                    and _reusable(entry)
+                ]
+                if not reused:  # the usual case: no task group, one task spawn less
                     if fresh:
-                        group.start_soon(batch.run, fresh, results)
+                        await batch.run(fresh, results)
+                else:
+                    async with anyio.create_task_group() as group:
+                        for entry in reused:
+                            group.start_soon(self._reensure, entry, spans[entry.uid], results)
+                        if fresh:
+                            group.start_soon(batch.run, fresh, results)
         finally:
             for uid, span in spans.items():
                 outcome = results.get(uid)

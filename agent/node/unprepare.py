@@ -16,6 +16,7 @@ from agent.node.cdi import CdiSpecDirectory
 from agent.node.commit import CheckpointCommitter, restore_claim
 from agent.node.crash import crash_point
 from agent.node.errors import NodeError
+from agent.node.offload import FILES
 from agent.node.types import ClaimRef
 
 
@@ -56,6 +57,6 @@ async def _remove_spec(
 ) -> None:
     with trace.use_span(span, end_on_exit=False):
         try:
-            await anyio.to_thread.run_sync(specs.remove_claim, uid)
+            await FILES.run(specs.remove_claim, uid)
         except NodeError as error:
             results[uid] = str(error)
