@@ -103,10 +103,12 @@ class PrepareBatch:
                 checkpoint = cp.mark_started(checkpoint, ref.uid, ref.namespace, ref.name)
                 intent = True
         self._state.update(checkpoint)
-        # The intent write goes to the writer thread now, before the claims are read: it is
-        # the longer of the two paths. One claim (the usual request) needs no task group.
-        intent_write = self._state.start(more=True) if intent else None
+        intent_write = None
         try:
+            # The intent write goes to the writer thread now, before the claims are read: it
+            # is the longer of the two paths. One claim (the usual request) needs no task group.
+            if intent:
+                intent_write = self._state.start(more=True)
             if len(refs) == 1:
                 await self._claim(refs[0])
             else:

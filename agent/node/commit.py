@@ -113,9 +113,9 @@ class CheckpointCommitter:
 
     def _begin(self, more: bool) -> asyncio.Future[None]:
         snapshot, version = self._checkpoint, self._version
+        running = self._writer.submit(self._store.save, snapshot)  # may raise: no span yet
         span = tracer().start_span("checkpoint.write")
         span.set_attribute("checkpoint.claims", len(snapshot.claims))
-        running = self._writer.submit(self._store.save, snapshot)
         self._running = running
         if not more and self._tidy is not None:
             self._writer.submit(self._tidy)  # behind this write; nobody waits for it

@@ -46,15 +46,18 @@ class IoThreads:
             raise RuntimeError(f"{self._name} threads are closed")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
-        self._queue.put((future, function, args))
         if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
             thread = threading.Thread(
                 target=self._serve,
                 name=f"{self._name}-{len(self._threads)}",
                 daemon=True,  # a torn write is harmless (atomic renames); never block exit
             )
-            self._threads.append(thread)
+            # Started before it is counted or given work: if the OS refuses a thread (a pids
+            # limit), this raises with nothing queued, and the next submit tries again
+            # instead of queueing behind a thread that never ran.
             thread.start()
+            self._threads.append(thread)
+        self._queue.put((future, function, args))
         return future
 
     async def run(self, function: Callable[..., T], *args: Any) -> T:
