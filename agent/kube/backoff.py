@@ -37,7 +37,9 @@ class Backoff:
 
     def next_delay(self, retry_after: float | None = None) -> float:
         """The wait before the next attempt (and count this failure)."""
-        base = min(self.maximum, self.initial * self.factor**self.attempts)
+        # the exponent is capped: factor**1024 overflows a float, and an outage of an hour
+        # reaches that many attempts
+        base = min(self.maximum, self.initial * self.factor ** min(self.attempts, 64))
         self.attempts += 1
         delay = base * (1.0 - self.jitter * self._random.random())
         if retry_after is not None:

@@ -165,8 +165,10 @@ class SliceWatcher:
                     await anyio.sleep(self._backoff.next_delay())  # a server ending watches at once
             except WatchExpiredError:
                 WATCH_RESTARTS.inc(reason="expired")
-                log.info("slice watch expired (410 Gone); listing again")
+                delay = self._backoff.next_delay()  # a server answering 410 again and again
+                log.info("slice watch expired (410 Gone); listing again in %.2f s", delay)
                 version = None
+                await anyio.sleep(delay)
             except Exception as error:
                 WATCH_RESTARTS.inc(reason="error")
                 delay = self._backoff.next_delay(retry_after(error))
@@ -182,7 +184,8 @@ class SliceWatcher:
         version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
         self.cache.replace_all(items, int(version) if version.isdigit() else None)
         self.synced = True
-        self._backoff.reset()
+        # no backoff reset here: only a watch that delivers events proves the server well
+        # (a server that lists fine but answers every watch with 410 must not be hammered)
         self._on_change()
         return version
 

@@ -73,3 +73,9 @@ def test_counters_count_by_label_and_render() -> None:
     assert '# TYPE writes_total counter\nwrites_total{verb="create"} 1\n' in text
     with pytest.raises(ValueError):
         writes.inc(-1)
+
+
+def test_an_hour_of_failures_keeps_the_cap_and_never_overflows() -> None:
+    backoff = Backoff(initial=0.05, maximum=4.0, jitter=0.0)
+    delays = [backoff.next_delay() for _ in range(5000)]  # 1024 used to raise OverflowError
+    assert delays[-1] == 4.0 and max(delays) == 4.0
