@@ -179,6 +179,10 @@ def render_table(
         _format_table(rows),
         "\n",
     ]
+    for reason in inventory.unreadable_gpus:
+        lines.append(f"warning: {reason}; it is not published\n")
+    for reason in device_set.unpublished_mig:
+        lines.append(f"warning: {reason}\n")
     for uuid in device_set.stranded_gpus:
         gpu = by_uuid.get(uuid)
         name = f"gpu-{gpu.minor}" if gpu else uuid

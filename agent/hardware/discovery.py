@@ -8,6 +8,7 @@ points for the CLI: they pick the real NVML library or a simulated host.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,13 +17,15 @@ from pathlib import Path
 import anyio.to_thread
 import pynvml
 
-from agent.hardware.errors import HardwareError
+from agent.hardware.errors import HardwareError, NvmlCallFailed
 from agent.hardware.gpu_reader import read_gpu
 from agent.hardware.hostfiles import HostFiles
 from agent.hardware.inventory import Gpu, Inventory
 from agent.hardware.nvml import Nvml, required
 from agent.hardware.simulated.host import SimulatedHost
 from agent.hardware.topology import assign_nvlink_domains
+
+log = logging.getLogger(__name__)
 
 
 def format_cuda_version(version: int) -> str:
@@ -43,15 +46,24 @@ async def discover(nvml: Nvml, host_root: Path) -> Inventory:
     cuda = await nvml.run(required, pynvml.nvmlSystemGetCudaDriverVersion, "the system")
     count = await nvml.run(required, pynvml.nvmlDeviceGetCount, "the system")
     gpus = []
+    unreadable = []
     for index in range(count):
         # One GPU per NVML-thread call: a whole GPU's reads are cheap, and cancellation still
         # lands between GPUs.
-        gpu = await nvml.run(read_gpu, index)
+        try:
+            gpu = await nvml.run(read_gpu, index)
+        except NvmlCallFailed as err:
+            # One lost GPU (XID 79) must not keep the node's healthy GPUs unpublished and its
+            # prepared claims un-unpreparable: leave it out, loudly.
+            log.error("GPU %d left out: %s", index, err, extra={"gpu_index": index})
+            unreadable.append(f"GPU {index}: {err}")
+            continue
         gpus.append(await anyio.to_thread.run_sync(_with_host_files, gpu, files))
     return Inventory(
         driver_version=driver,
         cuda_driver_version=format_cuda_version(cuda),
         gpus=assign_nvlink_domains(gpus),
+        unreadable_gpus=tuple(unreadable),
     )
 
 

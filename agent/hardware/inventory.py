@@ -120,6 +120,8 @@ class Inventory:
     driver_version: str  # e.g. "570.158.01"
     cuda_driver_version: str  # "major.minor", e.g. "12.8"
     gpus: tuple[Gpu, ...] = field(default_factory=tuple)
+    # GPUs NVML could not read (e.g. fallen off the bus): left out, each with the reason
+    unreadable_gpus: tuple[str, ...] = ()
 
     def gpu_by_uuid(self, uuid: str) -> Gpu | None:
         for gpu in self.gpus:

@@ -62,21 +62,31 @@ async def test_missing_functions_are_not_fatal(start_host: Start) -> None:
     assert len(gpus[0].mig_profiles[0].placements) == 7
 
 
-async def test_required_call_failure_is_clear(start_host: Start) -> None:
+async def test_a_gpu_that_fails_a_required_call_is_left_out_with_the_reason(
+    start_host: Start,
+) -> None:
     host = start_host("dgx-h100")
     host.library.fail_next("nvmlDeviceGetPciInfo_v3", pynvml.NVML_ERROR_GPU_IS_LOST)
-    with pytest.raises(NvmlCallFailed) as caught:
-        await discover_host(None, host.root)
-    error = caught.value
-    assert error.function == "nvmlDeviceGetPciInfo"
-    assert error.code == pynvml.NVML_ERROR_GPU_IS_LOST
-    assert "GPU 0 (GPU-" in str(error) and "GPU is lost" in str(error)
+    inventory = await discover_host(None, host.root)
+    assert [g.index for g in inventory.gpus] == [1, 2, 3, 4, 5, 6, 7]
+    (reason,) = inventory.unreadable_gpus
+    assert reason.startswith("GPU 0: NVML call nvmlDeviceGetPciInfo failed on GPU 0 (GPU-")
+    assert "GPU is lost" in reason
 
 
-async def test_lost_gpu_fails_discovery(start_host: Start) -> None:
+async def test_a_lost_gpu_does_not_hide_the_others(start_host: Start) -> None:
     host = start_host("dgx-a100")
     host.library.lose_gpu(5)
-    with pytest.raises(NvmlCallFailed, match="GPU 5"):
+    inventory = await discover_host(None, host.root)
+    assert [g.index for g in inventory.gpus] == [0, 1, 2, 3, 4, 6, 7]
+    assert len(inventory.unreadable_gpus) == 1 and "GPU 5" in inventory.unreadable_gpus[0]
+    assert {g.minor for g in inventory.gpus} == {0, 1, 2, 3, 4, 6, 7}  # names stay stable
+
+
+async def test_a_system_call_failure_still_fails_discovery(start_host: Start) -> None:
+    host = start_host("dgx-h100")
+    host.library.fail_next("nvmlSystemGetDriverVersion", pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(NvmlCallFailed, match="nvmlSystemGetDriverVersion"):
         await discover_host(None, host.root)
 
 
