@@ -58,6 +58,33 @@ class DeviceSet:
     stranded_gpus: tuple[str, ...] = ()
     #: Names in the ``taints`` argument that match no device (ignored).
     unknown_taint_targets: tuple[str, ...] = ()
+    #: MIG layouts that are not published, each with the reason.
+    unpublished_mig: tuple[str, ...] = ()
+
+
+def publishable_mig_devices(gpu: Gpu) -> tuple[list[MigDevice], list[str]]:
+    """The MIG devices of ``gpu`` that are published, and why the others are not.
+
+    A MIG device is published when it is the only compute instance of its GPU instance.
+    A GPU instance split into several compute instances (``nvidia-smi mig -cci``) is left
+    out: the device name (profile, GPU-instance profile id, placement start) would be the
+    same for each of them, and each would claim the whole instance's capacity.
+    """
+    per_instance: dict[int, list[MigDevice]] = {}
+    for mig in gpu.mig_devices:
+        per_instance.setdefault(mig.gpu_instance_id, []).append(mig)
+    published: list[MigDevice] = []
+    reasons: list[str] = []
+    for gi, devices in per_instance.items():
+        if len(devices) == 1:
+            published.append(devices[0])
+        else:
+            reasons.append(
+                f"GPU {gpu.minor} ({gpu.uuid}): GPU instance {gi} ({devices[0].profile.name}) is "
+                f"split into {len(devices)} compute instances; only a GPU instance with one "
+                "compute instance is published"
+            )
+    return published, reasons
 
 
 def build_devices(
@@ -91,6 +118,7 @@ def build_device_set(
     common = _InventoryVersions.of(inventory)
     dropped: list[DroppedAttribute] = []
     stranded: list[str] = []
+    unpublished: list[str] = []
     built: list[DraDevice] = []
     for gpu in inventory.gpus:
         if not gpu.mig_enabled:
@@ -98,7 +126,9 @@ def build_device_set(
             continue
         if not gpu.mig_devices:
             stranded.append(gpu.uuid)
-        for mig in gpu.mig_devices:
+        migs, reasons = publishable_mig_devices(gpu)
+        unpublished += reasons
+        for mig in migs:
             built.append(_mig_device(gpu, mig, common, dropped))
 
     by_name: dict[str, DraDevice] = {}
@@ -126,6 +156,7 @@ def build_device_set(
         dropped=tuple(dropped),
         stranded_gpus=tuple(stranded),
         unknown_taint_targets=tuple(sorted(name for name in wanted if name not in by_name)),
+        unpublished_mig=tuple(unpublished),
     )
 
 

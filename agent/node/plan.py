@@ -20,6 +20,7 @@ from agent.dra.config import (
     effective_configs,
     parse_allocation,
 )
+from agent.dra.devices import publishable_mig_devices
 from agent.dra.names import gpu_device_name, mig_device_name
 from agent.errors import AgentError
 from agent.hardware.inventory import Gpu, Inventory, MigDevice
@@ -47,7 +48,7 @@ def node_devices(inventory: Inventory) -> dict[str, NodeDevice]:
         if not gpu.mig_enabled:
             found[gpu_device_name(gpu.minor)] = NodeDevice(gpu_device_name(gpu.minor), "gpu", gpu)
             continue
-        for mig in gpu.mig_devices:
+        for mig in publishable_mig_devices(gpu)[0]:
             name = mig_device_name(
                 gpu.minor, mig.profile.name, mig.profile.profile_id, mig.placement.start
             )

@@ -293,3 +293,16 @@ def test_devices_are_immutable_after_validation() -> None:
         "attributes": {"uuid": {"string": "GPU-1"}},
         "capacity": {"memory": {"value": "1Ki"}},
     }
+
+
+def test_a_gpu_instance_split_into_compute_instances_is_left_out_with_the_reason() -> None:
+    from tests.support.inventories import H100_1G, H100_3G, h100, inventory, mig
+
+    whole = mig(1, 2, H100_1G, 6)
+    split = mig(1, 1, H100_3G, 0)
+    second_ci = dataclasses.replace(split, uuid="MIG-second-ci", compute_instance_id=1)
+    node = inventory(h100(1, mig_enabled=True, mig_devices=(split, second_ci, whole)))
+    result = build_device_set(node)
+    assert [device.name for device in result.devices] == ["gpu-1-mig-1g10gb-19-6"]
+    (reason,) = result.unpublished_mig
+    assert "GPU instance 1 (3g.40gb) is split into 2 compute instances" in reason
