@@ -58,6 +58,10 @@ class Clearing(enum.StrEnum):
     MONITORED = "monitored"
 
 
+#: How hard a condition is to clear; a held condition never moves to a weaker rule.
+_STRENGTH = {Clearing.MONITORED: 0, Clearing.QUARANTINE: 0, Clearing.RESET: 1, Clearing.ANSWER: 2}
+
+
 @dataclass(frozen=True, slots=True)
 class GpuDevices:
     """The published devices of one GPU: all of them, and the MIG ones by (GI id, CI id)."""
@@ -302,6 +306,10 @@ class HealthStateMachine:
             return []
         if held is not None:
             new = replace(new, since=held.since, count=held.count + 1)
+            if _STRENGTH[held.clearing] > _STRENGTH[clearing]:
+                # A later, milder event with the same taint (an override can give a reset XID
+                # and a plain one the same effect) must not let a pending reset quarantine out.
+                new = replace(new, clearing=held.clearing)
         self._conditions[new.ident] = new
         return [self._transition(new, "changed" if held else "added", reason, now)]
 

@@ -184,3 +184,17 @@ def test_device_map_names_devices_as_the_dra_model_does() -> None:
     gpus = device_map(inventory)
     published = {d.name for d in build_devices(inventory)}
     assert {n for g in gpus.values() for n in g.names} == published
+
+
+def test_a_milder_xid_with_the_same_taint_does_not_quarantine_out_a_pending_reset() -> None:
+    # an operator override gives XID 62 the reset XID 79's effect: one taint for both
+    sm = machine(policy_with({62: XidAction.NO_EXECUTE}))
+    sm.observe([xid(A, 79)], T0)
+    pending = HealthEvent(A, EventKind.RECOVERY_ACTION, recovery_action=2)
+    sm.observe([pending], T0 + 2)
+    sm.observe([xid(A, 62)], T0 + 3)
+    assert keys(sm)["gpu-0"] == [("gpu.nvidia.com/xid", "62", "NoExecute")]
+    assert sm.tick(T0 + 10_000) == []  # still waiting for the reset, not for a quarantine
+    assert health(sm)["gpu-0"] is Health.UNHEALTHY
+    done = HealthEvent(A, EventKind.RECOVERY_ACTION, recovery_action=0)
+    assert [t.change for t in sm.observe([done], T0 + 10_001)] == ["removed"]
