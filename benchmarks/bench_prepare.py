@@ -57,7 +57,6 @@ from agent.node.durable import write_atomic
 from agent.node.engine import PrepareEngine
 from agent.node.types import ClaimRef
 from agent.sim.claims import AllocatedDevice, create_allocated_claim
-from agent.sim.kubelet.dra_client import ClaimRef as WireClaimRef
 from agent.sim.kubelet.dra_client import DraClient
 from benchmarks import Result
 
@@ -205,7 +204,6 @@ class _Bench:
             await self._claim("plain", "gpu-0")
             url = f"{self.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain"
             ref = await self._claim("one-gpu", "gpu-0")
-            wire = WireClaimRef(ref.namespace, ref.name, ref.uid)
             target = self.base / "node-dgx-h100" / "plugins" / DRIVER / "bench.json"  # beside
             assert target.parent.is_dir()  # the checkpoint of ``engine``
             data = b"x" * 4096
@@ -221,7 +219,7 @@ class _Bench:
                 assert (await chosen.prepare([ref]))[ref.uid].error is None
 
             async def grpc_prepare() -> None:
-                assert not (await kubelet.prepare([wire]))[ref.uid].error
+                assert not (await kubelet.prepare([ref]))[ref.uid].error
 
             rows, where = _Rows(), self.cdi_label
             for _ in range(max(1, round(repeat / rows.BLOCK))):
@@ -242,7 +240,7 @@ class _Bench:
                 await rows.block(
                     f"grpc prepare 1 GPU, CDI {where}",
                     grpc_prepare,
-                    lambda: kubelet.unprepare([wire]),
+                    lambda: kubelet.unprepare([ref]),
                 )
             return rows.results()
         finally:

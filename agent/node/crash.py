@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 ENV_VAR: Final = "GPU_DRA_AGENT_CRASH_AT"
 CrashPoint = Literal[
@@ -23,14 +23,7 @@ CrashPoint = Literal[
     "unprepare-after-cdi-remove",
     "unprepare-after-checkpoint",
 ]
-CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (
-    "after-claim-read",
-    "after-prepare-started",
-    "after-cdi-write",
-    "after-prepare-completed",
-    "unprepare-after-cdi-remove",
-    "unprepare-after-checkpoint",
-)
+CRASH_POINTS: Final[tuple[CrashPoint, ...]] = get_args(CrashPoint)
 EXIT_STATUS: Final = 137
 
 

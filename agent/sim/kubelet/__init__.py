@@ -7,8 +7,9 @@ end without a cluster. The behaviour reproduced is that of the kubelet described
 notes (kubelet-dra-protocol.md, sections 1, 2, 3 and 8).
 """
 
+from agent.node.types import ClaimRef
 from agent.sim.kubelet.cli import configure_parser, run
-from agent.sim.kubelet.dra_client import DEFAULT_CALL_TIMEOUT, ClaimRef
+from agent.sim.kubelet.dra_client import DEFAULT_CALL_TIMEOUT
 from agent.sim.kubelet.emulator import KubeletEmulator
 from agent.sim.kubelet.errors import (
     DraCallError,

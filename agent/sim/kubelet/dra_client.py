@@ -9,12 +9,12 @@ wrong would leave pods stuck in a real cluster, so the emulator makes it a loud,
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from grpclib.client import Channel
 
 from agent.kubelet import api
+from agent.node.types import ClaimRef
 from agent.sim.kubelet.errors import DraCallError, MissingClaimResultError, UnknownClaimResultError
 from agent.sim.kubelet.grpc_calls import CALL_ERRORS, call_with_deadline, describe_failure
 
@@ -23,15 +23,6 @@ DEFAULT_CALL_TIMEOUT = 45.0
 
 PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    """The claim identity the kubelet sends: namespace, name and UID (nothing else)."""
-
-    namespace: str
-    name: str
-    uid: str
 
 
 class DraClient:

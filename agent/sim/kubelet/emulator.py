@@ -21,7 +21,8 @@ import anyio
 from anyio.abc import TaskGroup
 from grpclib.client import Channel
 
-from agent.sim.kubelet.dra_client import DEFAULT_CALL_TIMEOUT, ClaimRef, DraClient
+from agent.node.types import ClaimRef
+from agent.sim.kubelet.dra_client import DEFAULT_CALL_TIMEOUT, DraClient
 from agent.sim.kubelet.errors import DraCallError, DriverNotRegisteredError, RegistrationError
 from agent.sim.kubelet.events import ChangeNotifier, EventKind, EventLog, KubeletEvent
 from agent.sim.kubelet.health import (
