@@ -146,6 +146,8 @@ class Supervisor:
         node_uid = await _node_uid(api_client, config.node_name)
         events = ApiEventPoster(api_client, config.node_name, node_uid=node_uid)
 
+        claim_reader = ApiClaimReader(api_client)
+        stack.push_async_callback(claim_reader.close)  # before the client it borrows from
         engine = PrepareEngine(
             driver=config.driver_name,
             node_name=config.node_name,
@@ -155,7 +157,7 @@ class Supervisor:
             host_root=config.host_root,
             driver_root=config.driver_root,
             driver_root_mount=config.driver_files,
-            claim_reader=ApiClaimReader(api_client),
+            claim_reader=claim_reader,
             boot_id=session.files.boot_id() or "unknown",
             events=events,
         )
