@@ -4,7 +4,15 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean
+.PHONY: demo test lint proto bench clean tools cdi-schema
+
+# Files the tests take from Debian's packages live in a cache inside the checkout, fetched
+# without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
+# point elsewhere (the schema step's own test fetches into an empty temporary directory).
+CACHE_DIR ?= .cache
+CDI_SCHEMA_PACKAGE := golang-github-container-orchestrated-devices-container-device-interface-dev
+CDI_SCHEMA_SRC := usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface/schema
+CDI_SCHEMA := $(CACHE_DIR)/cdi-schema/schema.json
 
 $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +25,18 @@ $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 demo: $(STAMP)
 	$(BIN)/gpu-dra-agent demo
 
-## test: the whole test suite
-test: $(STAMP)
+## tools: report missing system tools (kubectl with kustomize v5, systemd-analyze) up front
+tools:
+	@scripts/check_tools.sh
+
+## cdi-schema: the CDI JSON schema from Debian's package, into $(CACHE_DIR)/cdi-schema
+cdi-schema: $(CDI_SCHEMA)
+$(CDI_SCHEMA):
+	scripts/fetch_deb_files.sh $(CDI_SCHEMA_PACKAGE) $(CACHE_DIR)/cdi-schema \
+	    $(CDI_SCHEMA_SRC)/schema.json $(CDI_SCHEMA_SRC)/defs.json
+
+## test: the whole test suite (fetches what it needs first)
+test: tools $(STAMP) $(CDI_SCHEMA)
 	$(BIN)/python -m pytest -q
 
 ## lint: ruff (lint and format) and mypy --strict
@@ -36,4 +54,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CACHE_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis

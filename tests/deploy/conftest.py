@@ -2,7 +2,7 @@
 
 These tests run the tools an operator would run (``kubectl kustomize``, ``systemd-analyze``).
 A missing tool fails the test with a message naming it, rather than skipping: CI must have
-them (``.ci/run`` checks for them before the suite starts).
+them (``make test`` runs ``scripts/check_tools.sh`` before the suite starts).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ VERSIONS = ("1.34", "1.35")
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed; the deployment tests need it (see .ci/run)")
+        pytest.fail(f"{name} is not installed; the deployment tests need it (make tools says how to install it)")
     return path
 
 

@@ -1,7 +1,10 @@
 """Validate CDI spec documents against the CDI JSON schema from the Debian package.
 
 The schema ships in ``golang-github-container-orchestrated-devices-container-device-
-interface-dev`` (draft-07). Two traps (dependency-notes.md §6b): ``defs.json`` has no
+interface-dev`` (draft-07). ``make test`` fetches its two files into ``.cache/cdi-schema`` of
+the checkout (``make cdi-schema``: ``apt-get download`` + ``dpkg -x``, no root), and this
+module reads them only from there, so the suite needs nothing the README does not install.
+Two traps (dependency-notes.md §6b): ``defs.json`` has no
 ``$schema``, so it is registered as a draft-07 resource explicitly; and the schema does not
 check ``cdiVersion`` nor the names the Go library checks, so :func:`cdi_problems` adds the
 Go library's rules: the version set of ``pkg/cdi/spec.go``, vendor/class/device name syntax
@@ -23,10 +26,8 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 DEBIAN_PACKAGE = "golang-github-container-orchestrated-devices-container-device-interface-dev"
-SCHEMA_DIR = Path(
-    "/usr/share/gocode/src/github.com/container-orchestrated-devices/"
-    "container-device-interface/schema"
-)
+#: Where ``make cdi-schema`` puts the schema (the Makefile's ``CACHE_DIR``, default ``.cache``).
+SCHEMA_DIR = Path(__file__).resolve().parents[2] / ".cache" / "cdi-schema"
 VALID_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0")  # pkg/cdi/spec.go of 0.5.x
 _VENDOR = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_-]*[A-Za-z0-9])?")
@@ -39,11 +40,16 @@ class CdiSchemaMissing(AssertionError):
 
 @lru_cache(maxsize=1)
 def _validator() -> Draft7Validator:
-    schema_path, defs_path = SCHEMA_DIR / "schema.json", SCHEMA_DIR / "defs.json"
+    return load_validator(SCHEMA_DIR)
+
+
+def load_validator(schema_dir: Path) -> Draft7Validator:
+    """A validator built from the ``schema.json`` and ``defs.json`` in ``schema_dir``."""
+    schema_path, defs_path = schema_dir / "schema.json", schema_dir / "defs.json"
     if not schema_path.is_file() or not defs_path.is_file():
         raise CdiSchemaMissing(
-            f"the CDI JSON schema is missing ({schema_path}, {defs_path}): install the Debian "
-            f"package {DEBIAN_PACKAGE} (apt-get install {DEBIAN_PACKAGE})"
+            f"the CDI JSON schema is missing ({schema_path}, {defs_path}): run `make cdi-schema`"
+            f" (it fetches the Debian package {DEBIAN_PACKAGE}; `make test` does it first)"
         )
     schema = json.loads(schema_path.read_text())
     defs = Resource.from_contents(json.loads(defs_path.read_text()), default_specification=DRAFT7)
@@ -51,11 +57,11 @@ def _validator() -> Draft7Validator:
     return Draft7Validator(schema, registry=registry)
 
 
-def cdi_problems(spec: Mapping[str, Any]) -> list[str]:
+def cdi_problems(spec: Mapping[str, Any], validator: Draft7Validator | None = None) -> list[str]:
     """Every schema violation and Go-library rule ``spec`` breaks; empty if it is valid."""
     problems = [
         f"{'.'.join(map(str, error.absolute_path)) or '<root>'}: {error.message}"
-        for error in _validator().iter_errors(spec)
+        for error in (validator or _validator()).iter_errors(spec)
     ]
     if spec.get("cdiVersion") not in VALID_VERSIONS:
         problems.append(f"cdiVersion: {spec.get('cdiVersion')!r} not in {VALID_VERSIONS}")
