@@ -28,7 +28,7 @@ import anyio
 import anyio.to_thread
 import pynvml
 
-from agent.health.events import EventKind, HealthEvent
+from agent.hardware.health_events import EventKind, HealthEvent
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import pynvml
 from agent.dra import build_devices
 from agent.dra.model import DraDevice
 from agent.hardware.events import EventPump
+from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory
 from agent.hardware.nvml import Nvml
-from agent.health.events import EventKind, HealthEvent
 from agent.health.policy import HealthPolicy
 from agent.health.state import HealthStateMachine, Transition, device_map
 from agent.health.stream import HealthHub

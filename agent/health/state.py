@@ -26,8 +26,8 @@ from typing import Literal
 
 from agent.dra.model import DeviceTaint, TaintEffect
 from agent.dra.names import device_sort_key, gpu_device_name, mig_device_name
+from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory
-from agent.health.events import EventKind, HealthEvent
 from agent.health.policy import (
     RESET_XIDS,
     TAINT_ECC,

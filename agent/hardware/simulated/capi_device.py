@@ -6,7 +6,7 @@ out-parameters and returns ``None`` (success) or raises ``NvmlReturn`` with an N
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.hardware.simulated.cabi import (
     as_int,
@@ -17,6 +17,7 @@ from agent.hardware.simulated.cabi import (
     write_handle,
     write_string,
 )
+from agent.hardware.simulated.core import LibraryCore as Lib
 from agent.hardware.simulated.models import GpuModel
 from agent.hardware.simulated.state import (
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
@@ -29,9 +30,6 @@ from agent.hardware.simulated.state import (
     SimGpu,
     SimMigDevice,
 )
-
-if TYPE_CHECKING:
-    from agent.hardware.simulated.library import SimulatedNvmlLibrary as Lib
 
 NVLINK_DEVICE_TYPE_GPU = 0
 NVLINK_DEVICE_TYPE_SWITCH = 2

@@ -7,10 +7,11 @@ call blocks in the kernel, and returns GPU_IS_LOST while a GPU registered in the
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.hardware.simulated.cabi import as_int, handle_value, set_value, target, write_handle
 from agent.hardware.simulated.capi_device import gpu_of
+from agent.hardware.simulated.core import LibraryCore as Lib
 from agent.hardware.simulated.events import SUPPORTED_EVENTS, SimEventSet
 from agent.hardware.simulated.state import (
     NVML_ERROR_GPU_IS_LOST,
@@ -20,9 +21,6 @@ from agent.hardware.simulated.state import (
     NvmlReturn,
     SimGpu,
 )
-
-if TYPE_CHECKING:
-    from agent.hardware.simulated.library import SimulatedNvmlLibrary as Lib
 
 
 def _event_set(lib: Lib, handle: Any) -> SimEventSet:

@@ -9,14 +9,12 @@ the field simulated here. Every other field answers NOT_SUPPORTED, as on a GPU t
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.hardware.simulated.cabi import as_int, target
 from agent.hardware.simulated.capi_device import gpu_of
+from agent.hardware.simulated.core import LibraryCore as Lib
 from agent.hardware.simulated.state import NVML_ERROR_NOT_SUPPORTED, NVML_SUCCESS
-
-if TYPE_CHECKING:
-    from agent.hardware.simulated.library import SimulatedNvmlLibrary as Lib
 
 FI_DEV_GET_GPU_RECOVERY_ACTION = 230
 VALUE_TYPE_UNSIGNED_INT = 1

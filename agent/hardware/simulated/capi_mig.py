@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agent.hardware.simulated.cabi import (
     as_int,
@@ -20,6 +20,7 @@ from agent.hardware.simulated.cabi import (
     write_handle,
 )
 from agent.hardware.simulated.capi_device import device_of, gpu_of
+from agent.hardware.simulated.core import LibraryCore as Lib
 from agent.hardware.simulated.state import (
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     NVML_ERROR_INSUFFICIENT_SIZE,
@@ -32,9 +33,6 @@ from agent.hardware.simulated.state import (
     SimGpuInstance,
     SimMigDevice,
 )
-
-if TYPE_CHECKING:
-    from agent.hardware.simulated.library import SimulatedNvmlLibrary as Lib
 
 GI_PROFILE_COUNT = 0x12
 GI_PROFILE_INFO_V2 = 0x02000098

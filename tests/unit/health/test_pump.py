@@ -11,10 +11,10 @@ import pynvml
 import pytest
 
 from agent.hardware.events import EventPump, WatchedGpu
+from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.nvml import Nvml
 from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
-from agent.health.events import EventKind, HealthEvent
 
 pytestmark = pytest.mark.anyio
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.dra.model import DeviceTaint
-from agent.health.events import EventKind, HealthEvent
+from agent.hardware.health_events import EventKind, HealthEvent
 from agent.health.policy import HealthPolicy, XidAction, policy_with
 from agent.health.state import (
     MAX_MESSAGE_LENGTH,

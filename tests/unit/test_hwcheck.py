@@ -1,10 +1,11 @@
-"""The read-only smoke script against simulated hosts, and without any NVML library."""
+"""The read-only hardware check (``python -m agent.hwcheck``) against simulated hosts, and
+without any NVML library."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.hardware import smoke
+from agent import hwcheck as smoke
 
 
 def test_smoke_on_simulated_host(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,9 @@
 """The health events the NVML event pump reports, as plain records (the pump's output type).
 
-Kept apart from the pump so the pure state machine and its tests need neither NVML nor threads.
+They live in the hardware layer, next to the pump that produces them, so that the hardware layer
+depends on nothing above it: :mod:`agent.health` (the state machine that consumes them) imports
+them from here. Kept apart from the pump so the pure state machine and its tests need neither
+NVML nor threads.
 """
 
 from __future__ import annotations

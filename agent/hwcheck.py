@@ -1,8 +1,11 @@
-"""Read-only hardware smoke test: ``python -m agent.hardware.smoke [--simulate PROFILE]``.
+"""Read-only hardware smoke check: ``python -m agent.hwcheck [--simulate PROFILE]``.
 
 Run it on a new node (or driver version) before deploying the agent: it discovers the GPUs,
 prints what the agent would publish about them, and checks that XID and ECC events can be
 registered on each GPU. It never changes any GPU setting.
+
+It lives above both the hardware layer and the DRA model because it uses both (discovery, then
+the ResourceSlices built from it); the hardware layer itself depends on nothing above it.
 """
 
 from __future__ import annotations
@@ -15,16 +18,12 @@ from pathlib import Path
 import anyio
 import pynvml
 
+from agent.dra import build_device_set, build_slices
 from agent.errors import AgentError
 from agent.hardware.discovery import discover, nvml_session
+from agent.hardware.events import WANTED_EVENTS
 from agent.hardware.inventory import Inventory
 from agent.hardware.nvml import Nvml, required
-
-HEALTH_EVENTS = (
-    pynvml.nvmlEventTypeXidCriticalError
-    | pynvml.nvmlEventTypeDoubleBitEccError
-    | pynvml.nvmlEventTypeSingleBitEccError
-)
 
 
 def summarize(inventory: Inventory) -> list[str]:
@@ -57,7 +56,7 @@ def _register_events(count: int) -> list[str]:
         for index in range(count):
             handle = required(pynvml.nvmlDeviceGetHandleByIndex, f"GPU {index}", index)
             supported = required(pynvml.nvmlDeviceGetSupportedEventTypes, f"GPU {index}", handle)
-            wanted = HEALTH_EVENTS & supported
+            wanted = WANTED_EVENTS & supported
             try:
                 pynvml.nvmlDeviceRegisterEvents(handle, wanted, event_set)
                 results.append(f"GPU {index}: registered events 0x{wanted:x}")
@@ -71,10 +70,7 @@ def _register_events(count: int) -> list[str]:
 
 def slice_summary(inventory: Inventory) -> list[str]:
     """Build the DRA devices and ResourceSlices exactly as the agent would (this raises if any
-    API limit is broken) and summarize them. The smoke check is a tool over every read path, so
-    it reaches up into the pure DRA model; nothing in the hardware layer proper does."""
-    from agent.dra import build_device_set, build_slices
-
+    API limit is broken) and summarize them."""
     device_set = build_device_set(inventory)
     slices = build_slices(device_set.devices, node_name="smoke-check", driver_name="gpu.nvidia.com")
     lines = [
@@ -100,7 +96,7 @@ async def run_smoke(simulate: str | None, host_root: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m agent.hardware.smoke", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m agent.hwcheck", description=__doc__)
     parser.add_argument("--simulate", metavar="PROFILE", help="use a simulated host profile")
     parser.add_argument("--host-root", type=Path, help="where /sys and /proc are (default /)")
     args = parser.parse_args(argv)
