@@ -1,30 +1,44 @@
-"""OpenTelemetry tracing for the agent.
+"""OpenTelemetry tracing for the agent: the tracer, its set-up from ``OTEL_*``, trace context.
 
-Spans are always created through the global tracer provider. When the standard
-``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) variable is set,
-:func:`configure_tracing` installs an SDK provider that exports them over OTLP/HTTP in
-batches; otherwise the API's no-op provider stays and tracing costs almost nothing.
+Spans are always created through the global tracer provider, so code that makes spans never
+knows whether tracing is on. :func:`configure_tracing` installs an SDK provider only when the
+standard variables ask for export (``tracing_env.py`` decides; the SDK itself reads sampler,
+resource, endpoint, headers, timeout and TLS variables); otherwise the API's no-op provider
+stays and a span costs a function call. Spans leave through :mod:`agent.telemetry.export`,
+whose bounded queue keeps a slow or dead collector away from the kubelet's calls.
 
-Incoming gRPC calls from the kubelet may carry a W3C ``traceparent`` header; :func:`context_from_metadata`
-turns it into the parent context so that our spans join the kubelet's trace.
+Incoming gRPC calls from the kubelet may carry a W3C ``traceparent``; :func:`context_from_metadata`
+turns it into the parent context so that our spans join the kubelet's trace, and
+:func:`inject_metadata` does the reverse for the kubelet emulator. Work that starts a trace of
+its own (a slice publish, a health transition) links to what caused it with :func:`link_to`.
+
+Set-up and shutdown never raise: telemetry problems are logged, the agent runs on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 from collections.abc import Iterable, Mapping
+from importlib import metadata as importlib_metadata
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from agent.telemetry.tracing_env import GRPC, TraceExportPlan, plan_from_environ
+
 log = logging.getLogger(__name__)
 
 TRACER_NAME = "gpu-dra-agent"
+SERVICE_NAME = "gpu-dra-agent"
+#: Longest the agent's shutdown waits for queued spans to leave.
+SHUTDOWN_FLUSH_MS = 5000
 _PROPAGATOR = TraceContextTextMapPropagator()
 _configured_provider: Any = None
+_processors: list[Any] = []
 
 
 def tracer() -> trace.Tracer:
@@ -32,51 +46,131 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
-def otlp_endpoint_configured(environ: Mapping[str, str] = os.environ) -> bool:
-    return bool(
-        environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+def agent_version() -> str:
+    try:
+        return importlib_metadata.version("gpu-dra-agent")
+    except importlib_metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def build_resource(
+    node_name: str | None,
+    service_name: str = SERVICE_NAME,
+    environ: Mapping[str, str] = os.environ,
+) -> Any:
+    """The resource: our defaults, overridden by ``OTEL_RESOURCE_ATTRIBUTES`` and then
+    ``OTEL_SERVICE_NAME`` (the specification's precedence)."""
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+
+    defaults: dict[str, str] = {
+        "service.name": service_name,
+        "service.version": agent_version(),
+        "host.name": socket.gethostname(),
+    }
+    if node_name:
+        defaults["k8s.node.name"] = node_name
+    saved = {k: os.environ.get(k) for k in ("OTEL_RESOURCE_ATTRIBUTES", "OTEL_SERVICE_NAME")}
+    # The detector reads os.environ; ``environ`` is os.environ except in unit tests.
+    try:
+        for key in saved:
+            if key in environ:
+                os.environ[key] = environ[key]
+            else:
+                os.environ.pop(key, None)
+        from_environment = OTELResourceDetector().detect()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return Resource.create(defaults).merge(from_environment)
+
+
+def make_exporter(name: str, protocol: str) -> Any:
+    """The span exporter ``name`` (``otlp`` over ``protocol``, or ``console``)."""
+    if name == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if protocol == GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcExporter,
+        )
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
     )
+
+    return HttpExporter()
 
 
 def configure_tracing(
-    *, service_name: str = "gpu-dra-agent", node_name: str | None = None, exporter: Any = None
+    *,
+    service_name: str = SERVICE_NAME,
+    node_name: str | None = None,
+    exporter: Any = None,
+    environ: Mapping[str, str] = os.environ,
 ) -> bool:
-    """Install an SDK tracer provider when an OTLP endpoint (or an exporter) is given.
+    """Install an SDK tracer provider when the environment asks for export (or ``exporter``
+    is given: tests pass an in-memory one, used with a synchronous processor).
 
-    ``exporter`` lets tests pass an in-memory exporter (it is then used with a simple,
-    synchronous span processor). Only the first call in a process takes effect.
-    Returns whether spans are being recorded.
+    Only the first effective call in a process counts (OpenTelemetry allows one global
+    provider). Returns whether spans are being recorded; never raises.
     """
     global _configured_provider
     if _configured_provider is not None:
-        return True  # OpenTelemetry allows one global provider per process
-    if exporter is None and not otlp_endpoint_configured():
+        return True
+    plan = TraceExportPlan(("test",), reason="exporter given") if exporter else None
+    try:
+        plan = plan or plan_from_environ(environ)
+        for warning in plan.warnings:
+            log.warning("tracing: %s", warning)
+        if not plan.enabled:
+            log.debug("tracing off: %s", plan.reason)
+            return False
+        from opentelemetry.sdk.trace import TracerProvider
+
+        # TracerProvider reads OTEL_TRACES_SAMPLER/_ARG and OTEL_SDK_DISABLED by itself.
+        provider = TracerProvider(resource=build_resource(node_name, service_name, environ))
+        if exporter is not None:
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        else:
+            from agent.telemetry.export import BoundedBatchSpanProcessor
+
+            for name in plan.exporters:
+                processor = BoundedBatchSpanProcessor(make_exporter(name, plan.protocol))
+                _processors.append(processor)
+                provider.add_span_processor(processor)
+            log.info(
+                "exporting traces: %s",
+                ", ".join(
+                    f"otlp over {plan.protocol}" if n == "otlp" else n for n in plan.exporters
+                ),
+                extra={"because": plan.reason},
+            )
+        trace.set_tracer_provider(provider)
+        _configured_provider = provider
+        return True
+    except Exception as error:  # the agent runs without traces
+        log.warning("tracing could not be set up, continuing without it: %s", error)
         return False
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-
-    attributes: dict[str, str] = {"service.name": os.environ.get("OTEL_SERVICE_NAME", service_name)}
-    if node_name:
-        attributes["k8s.node.name"] = node_name
-    provider = TracerProvider(resource=Resource.create(attributes))
-    if exporter is not None:
-        provider.add_span_processor(SimpleSpanProcessor(exporter))
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        log.info("exporting traces over OTLP/HTTP", extra={"service": attributes["service.name"]})
-    trace.set_tracer_provider(provider)
-    _configured_provider = provider
-    return True
 
 
-def shutdown_tracing() -> None:
-    """Flush pending spans (called on agent shutdown)."""
-    if _configured_provider is not None:
-        _configured_provider.force_flush()
+def shutdown_tracing(timeout_ms: int | None = None) -> None:
+    """Send what is queued, then stop exporting; never raises. Waits at most ``timeout_ms``
+    per exporter, by default ``OTEL_BSP_EXPORT_TIMEOUT`` but no more than 5 s."""
+    try:
+        for processor in _processors:
+            budget = min(processor.export_timeout_ms, SHUTDOWN_FLUSH_MS)
+            processor.shutdown(timeout_millis=budget if timeout_ms is None else timeout_ms)
+        if _configured_provider is not None and not _processors:
+            _configured_provider.force_flush(timeout_ms or SHUTDOWN_FLUSH_MS)
+    except Exception as error:
+        log.warning("tracing shutdown failed: %s", error)
 
 
 def context_from_metadata(
@@ -97,3 +191,18 @@ def inject_metadata(metadata: dict[str, str] | None = None) -> dict[str, str]:
     carrier: dict[str, str] = dict(metadata or {})
     _PROPAGATOR.inject(carrier)
     return carrier
+
+
+def current_link() -> trace.Link | None:
+    """A link to the current span, to hand to work that will start a trace of its own."""
+    context = trace.get_current_span().get_span_context()
+    return trace.Link(context) if context.is_valid else None
+
+
+def link_to(links: Iterable[trace.Link | None]) -> list[trace.Link]:
+    """The valid links among ``links``, without duplicates (span links of a new root)."""
+    seen: dict[tuple[int, int], trace.Link] = {}
+    for link in links:
+        if link is not None and link.context.is_valid:
+            seen.setdefault((link.context.trace_id, link.context.span_id), link)
+    return list(seen.values())

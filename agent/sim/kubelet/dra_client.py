@@ -4,6 +4,8 @@ The kubelet fixes the DRA service version at registration and afterwards only ca
 own types are v1, so v1beta1 answers are converted. Like the kubelet it refuses answers that
 mention a claim it did not ask about or that leave a requested claim out: a plugin that gets this
 wrong would leave pods stuck in a real cluster, so the emulator makes it a loud, specific error.
+Like the kubelet it sends the caller's trace context (W3C ``traceparent``) in the call's
+metadata, so that the plugin's spans join the caller's trace.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from agent.kubelet import api
 from agent.node.types import ClaimRef
 from agent.sim.kubelet.errors import DraCallError, MissingClaimResultError, UnknownClaimResultError
 from agent.sim.kubelet.grpc_calls import CALL_ERRORS, call_with_deadline, describe_failure
+from agent.telemetry.tracing import inject_metadata
 
 #: The kubelet's ``defaultClientCallTimeout``.
 DEFAULT_CALL_TIMEOUT = 45.0
@@ -50,7 +53,10 @@ class DraClient:
         request = self._pb.NodePrepareResourcesRequest(claims=self._claims(claims))
         stub = self._pb.DraPluginStub(self._channel)
         response = await self._call(
-            PREPARE, stub.node_prepare_resources(request, timeout=self._call_timeout)
+            PREPARE,
+            stub.node_prepare_resources(
+                request, timeout=self._call_timeout, metadata=inject_metadata()
+            ),
         )
         results = self._checked(PREPARE, claims, response.claims)
         return {uid: _prepare_result_to_v1(r) for uid, r in results.items()}
@@ -61,7 +67,10 @@ class DraClient:
         request = self._pb.NodeUnprepareResourcesRequest(claims=self._claims(claims))
         stub = self._pb.DraPluginStub(self._channel)
         response = await self._call(
-            UNPREPARE, stub.node_unprepare_resources(request, timeout=self._call_timeout)
+            UNPREPARE,
+            stub.node_unprepare_resources(
+                request, timeout=self._call_timeout, metadata=inject_metadata()
+            ),
         )
         results = self._checked(UNPREPARE, claims, response.claims)
         return {
