@@ -75,6 +75,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("health-monitoring", "GPU_DRA_HEALTH_MONITORING", "true"),
     Setting("health-xids", None, None),  # "79=NoExecute, 62=Ignore": laid over the defaults
     Setting("health-quarantine-seconds", None, None),
+    # the Prometheus endpoint, HOST:PORT (docs/OBSERVABILITY.md); off unless given
+    Setting("metrics-address", "GPU_DRA_METRICS_ADDRESS", None),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -96,6 +98,7 @@ class AgentConfig:
     health_monitoring: bool = True
     health: HealthPolicy = field(default_factory=HealthPolicy)
     driver_root_mount: Path | None = None  # where the agent reads it; None: at driver_root
+    metrics_address: tuple[str, int] | None = None  # (host, port) of the Prometheus endpoint
 
     @property
     def driver_files(self) -> Path:
@@ -272,6 +275,9 @@ def load_config(
         instance_id=instance_id,
         health_monitoring=_boolean(values["health-monitoring"]),
         health=_health_policy(values),
+        metrics_address=(
+            _host_port(values["metrics-address"]) if "metrics-address" in values else None
+        ),
     )
     _check_socket_length(
         config.dra_socket, f"{values['plugins-dir'].source}, the driver name or the instance id"
@@ -290,6 +296,27 @@ def _boolean(value: _Value) -> bool:
     if text in ("false", "no", "off", "0"):
         return False
     raise ConfigError(f"{value.source} {value.value!r} is not a boolean; use true or false")
+
+
+def _host_port(value: _Value) -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPV6]:PORT`` or ``:PORT`` (all interfaces); port 0 picks a free one."""
+    text = value.value.strip()
+    host, sep, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        sep = ""  # an IPv6 address needs brackets to tell its last group from the port
+    if (
+        not sep
+        or not port.isdigit()
+        or not 0 <= int(port) <= 65535
+        or any(c in host for c in "[] /")
+    ):
+        raise ConfigError(
+            f"{value.source} {value.value!r} is not a listen address: use HOST:PORT, e.g. "
+            "0.0.0.0:9464, 127.0.0.1:9464 or [::]:9464"
+        )
+    return host or "0.0.0.0", int(port)
 
 
 def _health_policy(values: Mapping[str, _Value]) -> HealthPolicy:

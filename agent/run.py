@@ -16,7 +16,8 @@ from pathlib import Path
 EPILOG = """\
 environment variables (used when the flag is absent): NODE_NAME, KUBECONFIG,
 KUBELET_REGISTRAR_DIRECTORY_PATH, KUBELET_PLUGINS_DIRECTORY_PATH, CDI_ROOT,
-NVIDIA_DRIVER_ROOT, GPU_DRA_SIMULATE, POD_UID; tracing: OTEL_EXPORTER_OTLP_ENDPOINT.
+NVIDIA_DRIVER_ROOT, GPU_DRA_SIMULATE, POD_UID, GPU_DRA_METRICS_ADDRESS; tracing and metrics
+push: the standard OTEL_* variables (docs/OBSERVABILITY.md).
 
 example (no GPU, no cluster):
   gpu-dra-agent run --simulate dgx-h100 --node-name node-a --kubeconfig k.yaml \\
@@ -84,6 +85,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--health-quarantine-seconds",
         metavar="N",
         help="how long a NoSchedule XID taint stays after the last occurrence (default: 300)",
+    )
+    add(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics on this address, e.g. 0.0.0.0:9464 "
+        "[GPU_DRA_METRICS_ADDRESS] (default: off)",
     )
 
 

@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from agent.config import AgentConfig
 from agent.errors import AgentError
 from agent.notify import SystemdNotifier, announce_ready
+from agent.telemetry.meter_provider import configure_metrics, serve_metrics, shutdown_metrics
 from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("agent.supervisor")
@@ -48,6 +49,8 @@ class Supervisor:
         """Serve until SIGTERM/SIGINT (exit status 0) or a failure: an AgentError (a problem
         an operator can fix) is raised for the CLI to print; anything else was logged with
         its traceback and gives exit status 1."""
+        # metrics first: instruments made from here on (the span processor's) record at once
+        configure_metrics(node_name=self.config.node_name)
         configure_tracing(node_name=self.config.node_name)
         try:
             async with AsyncExitStack() as stack:
@@ -65,6 +68,7 @@ class Supervisor:
         finally:
             self.notifier.stopping(f"stopped: {self.stopped_by or 'failure'}")
             shutdown_tracing()
+            shutdown_metrics()
         if isinstance(self.failure, AgentError):
             raise self.failure
         if self.failure is not None:
@@ -131,6 +135,15 @@ class Supervisor:
         from agent.node.engine import PrepareEngine
 
         config = self.config
+        if config.metrics_address is not None:
+            host, port = config.metrics_address
+            try:
+                endpoint = serve_metrics(host, port)
+            except OSError as err:
+                raise AgentError(
+                    f"cannot serve metrics on {host}:{port} (--metrics-address): {err}"
+                ) from err
+            log.info("serving Prometheus metrics", extra={"url": endpoint.url})
         session = await stack.enter_async_context(nvml_session(config.simulate, config.host_root))
         inventory = await discover(session.nvml, config.host_root)
         devices = build_devices(inventory)

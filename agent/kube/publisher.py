@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from agent.dra.model import DraDevice
 from agent.dra.slices import build_slices, layout, slice_differences
@@ -34,20 +37,11 @@ from agent.kube.dropped import describe, probable_gates
 from agent.kube.rawapi import ApiStatusError, RawSliceApi
 from agent.kube.sliceplan import SlicePlan, canonical, plan_pool
 from agent.kube.slicewatch import SliceWatcher, resource_version
-from agent.telemetry.metrics import counter
-from agent.telemetry.tracing import tracer
+from agent.telemetry.metrics import SLICE_PUBLISH_ERRORS, SLICE_WRITES, add
+from agent.telemetry.tracing import current_causes, link_to, tracer
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
-
-WRITES = counter(
-    "gpu_dra_agent_resourceslice_writes_total",
-    "ResourceSlice writes that succeeded, by verb (create, update, delete).",
-)
-ERRORS = counter(
-    "gpu_dra_agent_resourceslice_errors_total",
-    "Failed ResourceSlice publish passes, by reason (HTTP status or error type).",
-)
 
 
 @dataclass
@@ -121,6 +115,7 @@ class SlicePublisher:
         self._generation_floor = 0
         self._accepted: dict[str, tuple[str, str]] = {}
         self._warned: set[str] = set()
+        self._causes: list[trace.Link] = []  # span links of the next publish
 
     # -- public API ------------------------------------------------------------------------
 
@@ -133,6 +128,7 @@ class SlicePublisher:
         chosen = tuple(devices)
         layout(chosen)
         self._devices = chosen
+        self._causes = link_to([*self._causes, *current_causes()])[-32:]
         self._trigger(self._coalesce_window)
 
     @property
@@ -197,7 +193,7 @@ class SlicePublisher:
                 reason = (
                     str(error.code) if isinstance(error, ApiStatusError) else type(error).__name__
                 )
-                ERRORS.inc(reason=reason)
+                add(SLICE_PUBLISH_ERRORS, 1, driver=self.driver_name, reason=reason)
                 delay = backoff.next_delay(retry_after(error))
                 if is_transient(error):
                     log.warning(
@@ -244,19 +240,26 @@ class SlicePublisher:
 
     async def _apply(self, plan: SlicePlan) -> None:
         done = {"create": 0, "update": 0, "delete": 0}
-        with tracer().start_as_current_span("resourceslice.publish") as span:
+        links, self._causes = self._causes, []
+        # A trace of its own, linked to what asked for it (a health transition, say).
+        with tracer().start_as_current_span(
+            "resourceslice.publish", context=otel_context.Context(), links=links
+        ) as span:
             span.set_attribute("k8s.node.name", self.node_name)
             span.set_attribute("dra.driver", self.driver_name)
             span.set_attribute("resourceslice.pool.generation", plan.generation)
             try:
                 for obj in plan.deletes:
-                    await self._delete(obj)
+                    with _write_span("delete", obj):
+                        await self._delete(obj)
                     done["delete"] += 1
                 for body, have in plan.updates:
-                    await self._update(body, have)
+                    with _write_span("update", body):
+                        await self._update(body, have)
                     done["update"] += 1
                 for body in plan.creates:
-                    await self._create(body)
+                    with _write_span("create", body):
+                        await self._create(body)
                     done["create"] += 1
             finally:
                 span.set_attribute("resourceslice.deleted", done["delete"])
@@ -328,7 +331,7 @@ class SlicePublisher:
         self._watcher.cache.apply("MODIFIED", current)
 
     def _count(self, verb: str) -> None:
-        WRITES.inc(verb=verb)
+        add(SLICE_WRITES, 1, driver=self.driver_name, verb=verb)
         if verb == "create":
             self.stats.creates += 1
         elif verb == "update":
@@ -350,3 +353,11 @@ class SlicePublisher:
         if key not in self._warned:
             self._warned.add(key)
             log.warning("ResourceSlice %s: %s", name, describe(differences, gates))
+
+
+def _write_span(verb: str, obj: Obj) -> Any:
+    """The client span of one ResourceSlice write (``resourceslice.<verb>``)."""
+    name = str(obj.get("metadata", {}).get("name", ""))
+    return tracer().start_as_current_span(
+        f"resourceslice.{verb}", kind=SpanKind.CLIENT, attributes={"k8s.resourceslice.name": name}
+    )

@@ -25,15 +25,10 @@ import anyio
 
 from agent.kube.backoff import Backoff, retry_after
 from agent.kube.rawapi import RawSliceApi, WatchExpiredError
-from agent.telemetry.metrics import counter
+from agent.telemetry.metrics import SLICE_WATCH_RESTARTS, add
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
-
-WATCH_RESTARTS = counter(
-    "gpu_dra_agent_slice_watch_restarts_total",
-    "Slice watches restarted, by reason (ended, expired, error, resync).",
-)
 
 
 def resource_version(obj: Obj) -> int | None:
@@ -142,7 +137,7 @@ class SliceWatcher:
             try:
                 if version is None or anyio.current_time() >= next_resync:
                     if version is not None:
-                        WATCH_RESTARTS.inc(reason="resync")
+                        add(SLICE_WATCH_RESTARTS, 1, reason="resync")
                     version = await self._relist()
                     next_resync = anyio.current_time() + self._resync_interval
                 until_resync = next_resync - anyio.current_time()
@@ -160,17 +155,17 @@ class SliceWatcher:
                             self._backoff.reset()
                 if resync_due.cancelled_caught:
                     continue
-                WATCH_RESTARTS.inc(reason="ended")
+                add(SLICE_WATCH_RESTARTS, 1, reason="ended")
                 if events == 0 and anyio.current_time() - started < 1.0:
                     await anyio.sleep(self._backoff.next_delay())  # a server ending watches at once
             except WatchExpiredError:
-                WATCH_RESTARTS.inc(reason="expired")
+                add(SLICE_WATCH_RESTARTS, 1, reason="expired")
                 delay = self._backoff.next_delay()  # a server answering 410 again and again
                 log.info("slice watch expired (410 Gone); listing again in %.2f s", delay)
                 version = None
                 await anyio.sleep(delay)
             except Exception as error:
-                WATCH_RESTARTS.inc(reason="error")
+                add(SLICE_WATCH_RESTARTS, 1, reason="error")
                 delay = self._backoff.next_delay(retry_after(error))
                 log.warning("slice list/watch failed: %r; retrying in %.2f s", error, delay)
                 await anyio.sleep(delay)

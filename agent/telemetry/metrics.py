@@ -1,92 +1,209 @@
-"""In-process counters: how many slice writes, retries and errors, for tests and exposition.
+"""The agent's metrics: every instrument, created once through the OpenTelemetry metrics API.
 
-The agent needs a handful of monotonically increasing counters (writes by verb, errors by
-reason) that tests can read directly and a Prometheus endpoint can render later. A full
-client library is not needed for that, so this is a tiny registry: counters with label sets,
-safe to increment from the event loop and from worker threads, rendered in the Prometheus
-text format by :meth:`Registry.render`.
+Operators read these on a Prometheus endpoint (``--metrics-address``) or receive them over OTLP
+(``OTEL_METRICS_EXPORTER=otlp``); both are wired in :mod:`agent.telemetry.meter_provider`. The
+instruments live here, in the lowest layer, so that every layer records through the same names
+and docs/OBSERVABILITY.md and the tests have one catalog to check (:data:`PROMETHEUS_NAMES`).
+
+Instrument names and units are chosen so that the OpenTelemetry-to-Prometheus translation
+gives the documented names: a counter ``gpu_dra_slice_writes`` (unit ``{write}``, an annotation
+that translates to nothing) becomes ``gpu_dra_slice_writes_total``; a histogram
+``gpu_dra_rpc_duration`` with unit ``s`` becomes ``gpu_dra_rpc_duration_seconds``.
+
+Until a meter provider is installed the API hands out proxy instruments that drop what they
+record, so importing this module costs nothing and records nothing. Recording never raises:
+telemetry must not fail a prepare, a publish or a health transition.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable
+from typing import Final
 
-LabelKey = tuple[tuple[str, str], ...]
+from opentelemetry import metrics
+from opentelemetry.context import Context
+
+log = logging.getLogger(__name__)
+
+METER_NAME: Final = "gpu-dra-agent"
+
+#: Latency buckets, in seconds, of the RPC histogram (up to the kubelet's 45 s deadline).
+RPC_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    45.0,
+)
+#: NVML calls and checkpoint writes: from tens of microseconds up to a stuck driver's seconds.
+IO_BUCKETS: Final = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+#: Device health states of the ``gpu_dra_device_health`` state set.
+HEALTH_STATES: Final = ("Healthy", "Unhealthy", "Unknown")
+
+_meter = metrics.get_meter(METER_NAME)
+
+RPC_REQUESTS = _meter.create_counter(
+    "gpu_dra_rpc_requests", "{request}", "kubelet gRPC calls answered, by method and status code"
+)
+RPC_DURATION = _meter.create_histogram(
+    "gpu_dra_rpc_duration",
+    "s",
+    "time to answer a kubelet gRPC call, by method",
+    explicit_bucket_boundaries_advisory=RPC_BUCKETS,
+)
+CLAIM_ERRORS = _meter.create_counter(
+    "gpu_dra_claim_errors",
+    "{error}",
+    "per-claim errors in prepare and unprepare answers, by operation and reason",
+)
+CLAIMS_PREPARED = _meter.create_counter(
+    "gpu_dra_claims_prepared", "{claim}", "claims answered with their devices by a prepare"
+)
+CLAIMS_UNPREPARED = _meter.create_counter(
+    "gpu_dra_claims_unprepared", "{claim}", "claims unprepared without error"
+)
+DEVICES_PREPARED = _meter.create_counter(
+    "gpu_dra_devices_prepared", "{device}", "devices handed out in prepare answers, by type"
+)
+PREPARED_CLAIMS = _meter.create_gauge(
+    "gpu_dra_prepared_claims", "{claim}", "claims prepared on this node (durable checkpoint)"
+)
+DEVICE_HEALTH = _meter.create_gauge(
+    "gpu_dra_device_health",
+    "",
+    "1 for the current health state of each device (Healthy, Unhealthy, Unknown), else 0",
+)
+HEALTH_EVENTS = _meter.create_counter(
+    "gpu_dra_health_events", "{event}", "GPU health events received from NVML, by kind and XID"
+)
+SLICE_WRITES = _meter.create_counter(
+    "gpu_dra_slice_writes", "{write}", "ResourceSlice writes that succeeded, by verb"
+)
+SLICE_PUBLISH_ERRORS = _meter.create_counter(
+    "gpu_dra_slice_publish_errors",
+    "{error}",
+    "failed ResourceSlice publish passes, by reason (HTTP status or error type)",
+)
+SLICE_WATCH_RESTARTS = _meter.create_counter(
+    "gpu_dra_slice_watch_restarts",
+    "{restart}",
+    "ResourceSlice watches restarted, by reason (ended, expired, error, resync)",
+)
+NVML_CALL_DURATION = _meter.create_histogram(
+    "gpu_dra_nvml_call_duration",
+    "s",
+    "time of one piece of NVML work in the NVML thread, queueing included, by call",
+    explicit_bucket_boundaries_advisory=IO_BUCKETS,
+)
+CHECKPOINT_WRITE_DURATION = _meter.create_histogram(
+    "gpu_dra_checkpoint_write_duration",
+    "s",
+    "time of one durable checkpoint write (file and directory fsync)",
+    explicit_bucket_boundaries_advisory=IO_BUCKETS,
+)
+
+#: Every metric the agent exports to Prometheus, by its exported name (docs/OBSERVABILITY.md).
+#: ``gpu_dra_trace_spans_dropped_total`` is created by the span processor
+#: (:mod:`agent.telemetry.export`); the ``process_*`` ones come from the exposition itself.
+PROMETHEUS_NAMES: Final = (
+    "gpu_dra_rpc_requests_total",
+    "gpu_dra_rpc_duration_seconds",
+    "gpu_dra_claim_errors_total",
+    "gpu_dra_claims_prepared_total",
+    "gpu_dra_claims_unprepared_total",
+    "gpu_dra_devices_prepared_total",
+    "gpu_dra_prepared_claims",
+    "gpu_dra_device_health",
+    "gpu_dra_health_events_total",
+    "gpu_dra_slice_writes_total",
+    "gpu_dra_slice_publish_errors_total",
+    "gpu_dra_slice_watch_restarts_total",
+    "gpu_dra_nvml_call_duration_seconds",
+    "gpu_dra_checkpoint_write_duration_seconds",
+    "gpu_dra_trace_spans_dropped_total",
+)
+PROCESS_NAMES: Final = (
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+)
 
 
-class Counter:
-    """A counter with optional labels: ``writes.inc(verb="create")``."""
-
-    def __init__(self, name: str, help_text: str) -> None:
-        self.name = name
-        self.help = help_text
-        self._lock = threading.Lock()
-        self._values: dict[LabelKey, float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError(f"counter {self.name} can only go up, not by {amount}")
-        key = tuple(sorted(labels.items()))
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        """The count for exactly these labels (0 when never incremented)."""
-        with self._lock:
-            return self._values.get(tuple(sorted(labels.items())), 0.0)
-
-    def total(self) -> float:
-        """The sum over every label set."""
-        with self._lock:
-            return sum(self._values.values())
-
-    def samples(self) -> dict[LabelKey, float]:
-        with self._lock:
-            return dict(self._values)
+def add(counter: metrics.Counter, amount: int, **labels: str) -> None:
+    """``counter.add`` that never raises (and skips zero)."""
+    if amount <= 0:
+        return
+    try:
+        counter.add(amount, labels)
+    except Exception:  # telemetry never fails the caller
+        log.debug("recording %s failed", getattr(counter, "name", counter), exc_info=True)
 
 
-class Registry:
-    """Counters by name; asking twice for a name gives the same counter."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counters: dict[str, Counter] = {}
-
-    def counter(self, name: str, help_text: str) -> Counter:
-        with self._lock:
-            existing = self._counters.get(name)
-            if existing is None:
-                existing = self._counters[name] = Counter(name, help_text)
-            return existing
-
-    def render(self) -> str:
-        """Every counter in the Prometheus text exposition format."""
-        with self._lock:
-            counters = sorted(self._counters.values(), key=lambda counter: counter.name)
-        lines: list[str] = []
-        for counter in counters:
-            lines.append(f"# HELP {counter.name} {counter.help}")
-            lines.append(f"# TYPE {counter.name} counter")
-            for labels, value in sorted(counter.samples().items()):
-                lines.append(f"{counter.name}{_labels(dict(labels))} {value:g}")
-        return "\n".join(lines) + ("\n" if lines else "")
+def observe(
+    histogram: metrics.Histogram, seconds: float, context: Context | None = None, **labels: str
+) -> None:
+    """``histogram.record`` that never raises. ``context`` names the span for the exemplar
+    when the measurement is taken outside it (a callback after the span's block)."""
+    try:
+        histogram.record(max(seconds, 0.0), labels, context=context)
+    except Exception:  # telemetry never fails the caller
+        log.debug("recording %s failed", getattr(histogram, "name", histogram), exc_info=True)
 
 
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    escaped = (
-        f'{key}="{value.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-        for key, value in sorted(labels.items())
-    )
-    return "{" + ",".join(escaped) + "}"
+def set_gauge(gauge: metrics._Gauge, value: float, **labels: str) -> None:
+    """``gauge.set`` that never raises."""
+    try:
+        gauge.set(value, labels)
+    except Exception:  # telemetry never fails the caller
+        log.debug("recording %s failed", getattr(gauge, "name", gauge), exc_info=True)
 
 
-#: The process-wide registry.
-REGISTRY = Registry()
+def device_health(driver: str, states: Iterable[tuple[str, str]]) -> None:
+    """The ``gpu_dra_device_health`` state set: for each ``(device, state)``, 1 on the
+    current state and 0 on the others, so ``== 1`` selects and ``sum by (state)`` counts."""
+    for device, state in states:
+        for candidate in HEALTH_STATES:
+            set_gauge(
+                DEVICE_HEALTH,
+                1.0 if candidate == state else 0.0,
+                driver=driver,
+                device=device,
+                state=candidate,
+            )
 
 
-def counter(name: str, help_text: str) -> Counter:
-    """A counter of the process-wide registry."""
-    return REGISTRY.counter(name, help_text)
+def device_type(device_name: str) -> str:
+    """The ``type`` label of a published device name: ``mig`` or ``gpu``."""
+    return "mig" if "-mig-" in device_name else "gpu"

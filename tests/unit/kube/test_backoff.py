@@ -1,4 +1,4 @@
-"""Backoff delays, the retry classification, dropped-field gates and the counter registry."""
+"""Backoff delays, the retry classification and dropped-field gates."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 from agent.kube.backoff import MAX_RETRY_AFTER_S, Backoff, is_transient, retry_after
 from agent.kube.dropped import describe, probable_gates
 from agent.kube.rawapi import ApiStatusError, WatchExpiredError, _status_error
-from agent.telemetry.metrics import Registry
 
 
 def test_backoff_grows_to_the_cap_with_jitter_and_resets() -> None:
@@ -60,19 +59,6 @@ def test_dropped_fields_name_the_gate() -> None:
     assert "DRADeviceTaints" in describe(paths, probable_gates(paths))
     assert probable_gates(["spec.sharedCounters: [...] != None"]) == ["DRAPartitionableDevices"]
     assert "admission" in describe(["spec.devices[gpu-0].attributes.x: 1 != 2"], [])
-
-
-def test_counters_count_by_label_and_render() -> None:
-    registry = Registry()
-    writes = registry.counter("writes_total", "Writes.")
-    writes.inc(verb="create")
-    writes.inc(2, verb="update")
-    assert registry.counter("writes_total", "Writes.") is writes
-    assert (writes.value(verb="create"), writes.value(verb="delete"), writes.total()) == (1, 0, 3)
-    text = registry.render()
-    assert '# TYPE writes_total counter\nwrites_total{verb="create"} 1\n' in text
-    with pytest.raises(ValueError):
-        writes.inc(-1)
 
 
 def test_an_hour_of_failures_keeps_the_cap_and_never_overflows() -> None:

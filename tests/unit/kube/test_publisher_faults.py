@@ -11,10 +11,10 @@ import anyio
 import pytest
 
 from agent.dra import DeviceTaint, DraDevice
-from agent.kube.slicewatch import WATCH_RESTARTS
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.kubelet.wipe import delete_node_slices
 from tests.support.k8s_schema import validate
+from tests.support.metrics import reading
 from tests.unit.kube.helpers import (
     DRIVER,
     NODE,
@@ -129,7 +129,8 @@ async def test_dropped_watch_and_410_gone_are_survived(
 
             # 410 Gone: the watch ends and, while its resumption is slow to arrive, its
             # version leaves the server's history.
-            expired = WATCH_RESTARTS.value(reason="expired")
+            metrics = reading()
+            expired = metrics.value("gpu_dra_slice_watch_restarts", reason="expired")
             server.faults.add_latency("GET", SLICES_PATH, 0.4, count=1)
             server.end_watches()
             await anyio.sleep(0.15)
@@ -139,7 +140,7 @@ async def test_dropped_watch_and_410_gone_are_survived(
                 )
             server.delete_object("resourceslices", stored(server)[0]["metadata"]["name"])
             await converged_on(server, devices, 2)
-            assert WATCH_RESTARTS.value(reason="expired") > expired
+            assert metrics.value("gpu_dra_slice_watch_restarts", reason="expired") > expired
             assert len(stored(server)) == 1
 
 

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agent.dra import DraDevice
 from agent.kube import publisher as publisher_module
 from agent.sim.apiserver import EmbeddedApiServer
+from tests.support.metrics import reading
 from tests.unit.kube.helpers import NODE, SLICES_PATH, converged_on, make_publisher, running, stored
 
 pytestmark = pytest.mark.anyio
@@ -28,8 +29,10 @@ async def test_publish_span_and_write_counters(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(publisher_module, "tracer", lambda: provider.get_tracer("test"))
-    creates = publisher_module.WRITES.value(verb="create")
-    deletes = publisher_module.WRITES.value(verb="delete")
+    metrics = reading()
+    labels = {"driver": "gpu.nvidia.com"}
+    creates = metrics.value("gpu_dra_slice_writes", verb="create", **labels)
+    deletes = metrics.value("gpu_dra_slice_writes", verb="delete", **labels)
 
     devices = profile_devices["big-mig-host"]
     publisher = make_publisher(api_client)
@@ -55,8 +58,8 @@ async def test_publish_span_and_write_counters(
     }
     assert (second.attributes or {})["resourceslice.deleted"] == 1
     assert (second.attributes or {})["resourceslice.pool.generation"] == 2
-    assert publisher_module.WRITES.value(verb="create") - creates == 2
-    assert publisher_module.WRITES.value(verb="delete") - deletes == 1
+    assert metrics.value("gpu_dra_slice_writes", verb="create", **labels) - creates == 2
+    assert metrics.value("gpu_dra_slice_writes", verb="delete", **labels) - deletes == 1
 
 
 async def test_failed_pass_is_counted_and_traced_as_error(
@@ -69,7 +72,9 @@ async def test_failed_pass_is_counted_and_traced_as_error(
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(publisher_module, "tracer", lambda: provider.get_tracer("test"))
-    errors = publisher_module.ERRORS.value(reason="500")
+    metrics = reading()
+    labels = {"driver": "gpu.nvidia.com", "reason": "500"}
+    errors = metrics.value("gpu_dra_slice_publish_errors", **labels)
     apiserver.faults.fail_next("POST", SLICES_PATH, 500)
     publisher = make_publisher(api_client)
     publisher.set_devices(profile_devices["dgx-h100"])
@@ -78,7 +83,7 @@ async def test_failed_pass_is_counted_and_traced_as_error(
             await publisher.wait_converged()
     failed, ok = exporter.get_finished_spans()
     assert not failed.status.is_ok and ok.status.is_unset
-    assert publisher_module.ERRORS.value(reason="500") - errors == 1
+    assert metrics.value("gpu_dra_slice_publish_errors", **labels) - errors == 1
 
 
 async def test_publishing_waits_for_the_node_then_owns_the_slices(
