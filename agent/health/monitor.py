@@ -6,7 +6,8 @@ GPUs answer again and whether GPUs with a reset-needing fault still have a recov
 pending. Outputs of a batch with transitions, in order of latency: the health stream (the hub
 hands the new list to every stream at once), the ResourceSlice taints (the publisher merges a
 burst into one write), and per changed condition a log line, a ``gpu.health.transition`` span and
-a Node Event. A storm is coalesced at each step: repeats do not transition, a batch's transitions
+a Node Event. Each transition's span starts a trace of its own, and the slice publish it asks
+for links to it (the publish is a trace of its own too). A storm is coalesced at each step: repeats do not transition, a batch's transitions
 of one condition produce one log line, span and Event, and Events go through a bounded queue
 (dropped and counted when full: they are best-effort, the taints and the stream are not).
 """
@@ -20,6 +21,8 @@ from typing import Any, Protocol
 
 import anyio
 import pynvml
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
 from agent.dra import build_devices
 from agent.dra.model import DraDevice
@@ -31,7 +34,7 @@ from agent.health.policy import HealthPolicy
 from agent.health.state import HealthStateMachine, Transition, device_map
 from agent.health.stream import HealthHub
 from agent.kube.events import EventPoster
-from agent.telemetry.tracing import tracer
+from agent.telemetry.tracing import caused_by, tracer
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +71,9 @@ class HealthMonitor:
         self._publisher = publisher
         self._events = events
         self._clock = clock
-        self._outbox, self._inbox = anyio.create_memory_object_stream[tuple[str, str, str]](
-            EVENT_QUEUE_SIZE
-        )
+        self._outbox, self._inbox = anyio.create_memory_object_stream[
+            tuple[str, str, str, otel_context.Context]
+        ](EVENT_QUEUE_SIZE)
         hub.publish(self.machine.statuses())
 
     async def run(self) -> None:
@@ -96,9 +99,15 @@ class HealthMonitor:
             return
         self.transitions += len(transitions)
         self.hub.publish(self.machine.statuses())
-        self._publisher.set_devices(build_devices(self._inventory, taints=self.machine.taints()))
-        for transition, repeats in _coalesce(transitions):
-            self._report(transition, repeats)
+        coalesced = _coalesce(transitions)
+        spans = [self._span(transition, repeats) for transition, repeats in coalesced]
+        with caused_by(spans):
+            self._publisher.set_devices(
+                build_devices(self._inventory, taints=self.machine.taints())
+            )
+        for (transition, repeats), span in zip(coalesced, spans, strict=True):
+            with trace.use_span(span, end_on_exit=True):
+                self._report(transition, repeats)
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -120,6 +129,23 @@ class HealthMonitor:
 
     # -- reporting -------------------------------------------------------------------------
 
+    def _span(self, transition: Transition, repeats: int) -> trace.Span:
+        """The root span of one transition's trace (ended once it is reported)."""
+        gpu = self.machine.gpus[transition.gpu_uuid]
+        attributes: dict[str, Any] = {
+            "gpu.uuid": transition.gpu_uuid,
+            "gpu.index": gpu.index,
+            "gpu.device.names": list(transition.devices),
+            "gpu.health.taint": transition.taint,
+            "gpu.health.change": transition.change,
+            "gpu.health.reason": transition.reason,
+        }
+        if repeats > 1:
+            attributes["gpu.health.transitions_in_batch"] = repeats
+        return tracer().start_span(
+            "gpu.health.transition", context=otel_context.Context(), attributes=attributes
+        )
+
     def _report(self, transition: Transition, repeats: int) -> None:
         gpu = self.machine.gpus[transition.gpu_uuid]
         fault = transition.change != "removed"
@@ -133,9 +159,6 @@ class HealthMonitor:
         }
         if repeats > 1:
             fields["transitions_in_batch"] = repeats
-        with tracer().start_as_current_span("gpu.health.transition") as span:
-            for key, value in fields.items():
-                span.set_attribute(f"gpu.health.{key}", value)
         log.log(
             logging.WARNING if fault else logging.INFO,
             "GPU %d health: %s",
@@ -145,14 +168,19 @@ class HealthMonitor:
         )
         event = ("Warning" if fault else "Normal", "GpuUnhealthy" if fault else "GpuHealthy")
         try:
-            self._outbox.send_nowait((*event, f"GPU {gpu.index}: {transition.describe()}"))
+            message = f"GPU {gpu.index}: {transition.describe()}"
+            self._outbox.send_nowait((*event, message, otel_context.get_current()))
         except anyio.WouldBlock:
             self.dropped_events += 1
 
     async def _post_events(self) -> None:
         async with self._inbox:
-            async for type_, reason, message in self._inbox:
-                await self._events.post(type_, reason, message)  # type: ignore[arg-type]
+            async for type_, reason, message, context in self._inbox:
+                token = otel_context.attach(context)  # the Event's span joins the transition's
+                try:
+                    await self._events.post(type_, reason, message)  # type: ignore[arg-type]
+                finally:
+                    otel_context.detach(token)
 
 
 def _coalesce(transitions: Sequence[Transition]) -> list[tuple[Transition, int]]:

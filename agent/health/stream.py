@@ -153,7 +153,7 @@ class HealthStreamService:
             if await stream.recv_message() is None:
                 raise GRPCError(Status.INVALID_ARGUMENT, f"{METHOD}: the request has no message")
             with tracer().start_as_current_span(
-                f"DRAResourceHealth/{METHOD}",
+                f"{service}/{METHOD}",
                 context=context_from_metadata(stream.metadata),
                 kind=SpanKind.SERVER,
                 attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": METHOD},

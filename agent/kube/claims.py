@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
 import aiohttp
+from opentelemetry.trace import SpanKind
 
 from agent.errors import AgentError
 from agent.telemetry.tracing import tracer
@@ -83,9 +84,10 @@ class ApiClaimReader:
 
     async def read(self, namespace: str, name: str) -> Obj:
         """GET the claim; raises :class:`ClaimNotFound` or :class:`ClaimReadError`."""
-        with tracer().start_as_current_span("resourceclaim.get") as span:
+        with tracer().start_as_current_span("resourceclaim.get", kind=SpanKind.CLIENT) as span:
             span.set_attribute("k8s.namespace.name", namespace)
             span.set_attribute("k8s.resourceclaim.name", name)
+            span.set_attribute("http.request.method", "GET")
             status, body = await self._get(namespace, name)
             span.set_attribute("http.response.status_code", status)
         if status == 404:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -21,9 +22,11 @@ import anyio
 import grpclib.const
 from grpclib import GRPCError
 from grpclib.const import Status
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+from agent.telemetry.metrics import RPC_DURATION, RPC_REQUESTS, add, observe
 from agent.telemetry.tracing import context_from_metadata, tracer
 
 log = logging.getLogger(__name__)
@@ -83,18 +86,22 @@ def unary_handler(
     response_type: type[Any],
     function: UnaryFunction,
     calls: InFlightCalls,
+    driver: str = "",
 ) -> grpclib.const.Handler:
     """A grpclib handler for ``/service/method`` that runs ``function`` inside a server span.
 
-    The span is named ``<short_service>/<method>`` (e.g. ``DRAPlugin/NodePrepareResources``)
-    and carries the OpenTelemetry RPC attributes; its parent is the trace context found in the
-    call's metadata, if any.
+    The span is named ``<service>/<method>`` as the OpenTelemetry RPC conventions (and the
+    kubelet's own client span) name it, e.g.
+    ``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources``, and carries the RPC
+    attributes; its parent is the trace context found in the call's metadata, if any.
     """
-    span_name = f"{short_service}/{method}"
+    span_name = f"{service}/{method}"
     attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
 
     async def handle(stream: Any) -> None:
         calls.enter(method)
+        started = time.perf_counter()
+        code, span_context = Status.UNKNOWN, None
         try:
             try:
                 request = await stream.recv_message()
@@ -114,14 +121,23 @@ def unary_handler(
                 record_exception=False,
                 set_status_on_exception=False,
             ) as span:
+                span_context = otel_context.get_current()  # the latency's exemplar
                 response = await _call_recorded(span, method, function, request, stream)
             await stream.send_message(response)
+            code = Status.OK
+        except GRPCError as err:
+            code = err.status
+            raise
         except asyncio.CancelledError:
+            code = _cancelled_status(stream)
             if calls.draining:
                 await _tell_unavailable(stream, method)
             raise
         finally:
             calls.leave()
+            add(RPC_REQUESTS, 1, driver=driver, method=method, code=code.name)
+            elapsed = time.perf_counter() - started
+            observe(RPC_DURATION, elapsed, span_context, driver=driver, method=method)
 
     return grpclib.const.Handler(
         handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, response_type
@@ -141,6 +157,15 @@ async def _tell_unavailable(stream: Any, method: str) -> None:
         )
 
 
+def _cancelled_status(stream: Any) -> Status:
+    """Why a call was cancelled: its deadline expired, or the client or the server gave up."""
+    deadline = getattr(stream, "deadline", None)
+    expired = deadline is not None and math.isclose(
+        max(deadline.time_remaining(), 0.0), 0.0, abs_tol=0.05
+    )
+    return Status.DEADLINE_EXCEEDED if expired else Status.CANCELLED
+
+
 async def _call_recorded(
     span: trace.Span, method: str, function: UnaryFunction, request: Any, stream: Any
 ) -> Any:
@@ -151,11 +176,7 @@ async def _call_recorded(
         span.set_status(StatusCode.ERROR, err.message or err.status.name)
         raise
     except anyio.get_cancelled_exc_class():
-        deadline = getattr(stream, "deadline", None)
-        expired = deadline is not None and math.isclose(
-            max(deadline.time_remaining(), 0.0), 0.0, abs_tol=0.05
-        )
-        status = Status.DEADLINE_EXCEEDED if expired else Status.CANCELLED
+        status = _cancelled_status(stream)
         span.set_attribute("rpc.grpc.status_code", status.value)
         span.set_status(StatusCode.ERROR, f"{method} {status.name.lower()}")
         raise

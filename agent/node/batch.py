@@ -61,7 +61,7 @@ async def write_spec(
     """Write a claim's CDI spec (``ensure``: only if missing or different); traced."""
     spec = claim_spec(specs.driver, uid, devices)
     with tracer().start_as_current_span("cdi.write") as span:
-        span.set_attribute("claim.uid", uid)
+        span.set_attribute("k8s.resourceclaim.uid", uid)
         if ensure:
             path = specs.claim_path(uid)
             written = await FILES.run(specs.ensure, path, spec)

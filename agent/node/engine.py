@@ -307,7 +307,7 @@ class PrepareEngine:
     ) -> None:
         """A claim prepared before: make sure its CDI spec is on disk, answer as recorded."""
         with trace.use_span(span, end_on_exit=False):
-            span.set_attribute("claim.devices", [d.device for d in entry.devices])
+            span.set_attribute("gpu.device.names", [d.device for d in entry.devices])
             try:
                 await write_spec(self._specs, entry.uid, entry.devices, ensure=True)
             except (NodeError, cdi.CdiSpecError) as error:
@@ -324,7 +324,7 @@ class PrepareEngine:
             claim = await self._reader.read(ref.namespace, ref.name)
             crash_point("after-claim-read")
             plan = plan_claim(ref, claim, driver=self.driver, pool=self.pool, devices=facts.devices)
-            span.set_attribute("claim.devices", list(plan.device_names))
+            span.set_attribute("gpu.device.names", list(plan.device_names))
             return tuple(facts.prepared_device(ref.uid, p) for p in plan.devices)
         except PrepareRefused:
             raise
@@ -384,8 +384,8 @@ def _reusable(entry: cp.PreparedClaim) -> bool:
 
 def _claim_span(name: str, ref: ClaimRef) -> trace.Span:
     attributes: dict[str, Any] = {
-        "claim.uid": ref.uid,
-        "claim.namespace": ref.namespace,
-        "claim.name": ref.name,
+        "k8s.resourceclaim.uid": ref.uid,
+        "k8s.resourceclaim.name": ref.name,
+        "k8s.namespace.name": ref.namespace,
     }
     return tracer().start_span(name, attributes=attributes)

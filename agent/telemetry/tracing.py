@@ -17,10 +17,12 @@ Set-up and shutdown never raise: telemetry problems are logged, the agent runs o
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from typing import Any
 
@@ -39,6 +41,9 @@ SHUTDOWN_FLUSH_MS = 5000
 _PROPAGATOR = TraceContextTextMapPropagator()
 _configured_provider: Any = None
 _processors: list[Any] = []
+_causes: contextvars.ContextVar[tuple[trace.Link, ...]] = contextvars.ContextVar(
+    "gpu_dra_trace_causes", default=()
+)
 
 
 def tracer() -> trace.Tracer:
@@ -206,3 +211,21 @@ def link_to(links: Iterable[trace.Link | None]) -> list[trace.Link]:
         if link is not None and link.context.is_valid:
             seen.setdefault((link.context.trace_id, link.context.span_id), link)
     return list(seen.values())
+
+
+@contextlib.contextmanager
+def caused_by(spans: Iterable[trace.Span]) -> Iterator[None]:
+    """Within this block, :func:`current_causes` names ``spans`` (for work queued here that
+    will run as a trace of its own, e.g. the slice publish a health transition asks for)."""
+    links = tuple(trace.Link(s.get_span_context()) for s in spans)
+    token = _causes.set(_causes.get() + links)
+    try:
+        yield
+    finally:
+        _causes.reset(token)
+
+
+def current_causes() -> list[trace.Link]:
+    """Links to what caused the work being queued now: :func:`caused_by` spans, and the
+    current span (when there is a valid one)."""
+    return link_to([*_causes.get(), current_link()])

@@ -46,7 +46,11 @@ async def test_prepare_span_has_the_kubelets_parent(
         )
     finally:
         channel.close()
-    [span] = [s for s in spans.get_finished_spans() if s.name == "DRAPlugin/NodePrepareResources"]
+    [span] = [
+        s
+        for s in spans.get_finished_spans()
+        if s.name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    ]
     assert span.kind == SpanKind.SERVER
     assert span.attributes is not None
     assert span.attributes["rpc.system"] == "grpc"
@@ -75,7 +79,10 @@ async def test_every_rpc_gets_its_own_span(
     finally:
         channel.close()
     names = [s.name for s in spans.get_finished_spans()]
-    assert names == ["Registration/GetInfo", "DRAPlugin/NodeUnprepareResources"]
+    assert names == [
+        "pluginregistration.Registration/GetInfo",
+        "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources",
+    ]
     unprepare = spans.get_finished_spans()[1]
     assert unprepare.attributes is not None
     assert unprepare.attributes["rpc.service"] == "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
@@ -113,6 +120,9 @@ async def test_engine_spans_are_children_of_the_rpc_span(
     finally:
         channel.close()
     by_name = {s.name: s for s in spans.get_finished_spans()}
-    rpc, engine = by_name["DRAPlugin/NodePrepareResources"], by_name["engine.prepare"]
+    rpc, engine = (
+        by_name["k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"],
+        by_name["engine.prepare"],
+    )
     assert engine.parent is not None and rpc.context is not None
     assert engine.parent.span_id == rpc.context.span_id

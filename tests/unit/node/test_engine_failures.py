@@ -125,10 +125,10 @@ async def test_spans(node: Node, engine: PrepareEngine, spans: InMemorySpanExpor
     assert names.count("checkpoint.write") == 3
     (prepare,) = [s for s in finished if s.name == "claim.prepare"]
     assert prepare.attributes is not None
-    assert prepare.attributes["claim.uid"] == ref.uid
-    assert prepare.attributes["claim.namespace"] == "default"
-    assert prepare.attributes["claim.name"] == "traced"
-    assert list(prepare.attributes["claim.devices"]) == ["gpu-2"]  # type: ignore[arg-type]
+    assert prepare.attributes["k8s.resourceclaim.uid"] == ref.uid
+    assert prepare.attributes["k8s.namespace.name"] == "default"
+    assert prepare.attributes["k8s.resourceclaim.name"] == "traced"
+    assert list(prepare.attributes["gpu.device.names"]) == ["gpu-2"]  # type: ignore[arg-type]
     for child in ("resourceclaim.get", "cdi.write"):
         (span,) = [s for s in finished if s.name == child]
         assert span.parent is not None
