@@ -24,6 +24,7 @@ from agent.hardware.inventory import Gpu, Inventory
 from agent.hardware.nvml import Nvml, required
 from agent.hardware.simulated.host import SimulatedHost
 from agent.hardware.topology import assign_nvlink_domains
+from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,15 @@ def _with_host_files(gpu: Gpu, files: HostFiles) -> Gpu:
 
 
 async def discover(nvml: Nvml, host_root: Path) -> Inventory:
-    """Read every GPU of the host through ``nvml`` and the host files under ``host_root``."""
+    """Read every GPU of the host through ``nvml`` and the host files under ``host_root``
+    (a ``hardware.discover`` span, with one child span per NVML call)."""
+    with tracer().start_as_current_span("hardware.discover") as span:
+        inventory = await _discover(nvml, host_root)
+        span.set_attribute("gpu.count", len(inventory.gpus))
+        return inventory
+
+
+async def _discover(nvml: Nvml, host_root: Path) -> Inventory:
     files = HostFiles(host_root)
     driver = await nvml.run(required, pynvml.nvmlSystemGetDriverVersion, "the system")
     cuda = await nvml.run(required, pynvml.nvmlSystemGetCudaDriverVersion, "the system")

@@ -6,6 +6,11 @@ concurrently, so the agent funnels them through ``anyio.to_thread.run_sync`` wit
 helpers ``required`` and ``optional`` run inside that thread and turn NVML errors into the agent's
 policy: a required call that fails raises ``NvmlCallFailed``; an optional field that NVML does not
 support (NOT_SUPPORTED, or a function the installed driver lacks) is simply absent.
+
+Both helpers make each NVML call a child span ``nvml.<Function>`` (``nvml.DeviceGetHandleByUUID``)
+when it runs inside a recording span (anyio copies the caller's context into the NVML thread), so
+a traced operation shows the NVML calls it waited for. Outside a trace the check costs one
+context lookup.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 import pynvml
+from opentelemetry import trace
 
 from agent.hardware.errors import NvmlCallFailed, NvmlLibraryNotFound
+from agent.telemetry.tracing import tracer
 
 T = TypeVar("T")
 
@@ -66,10 +73,26 @@ def call_failed(fn: Callable[..., Any], exc: pynvml.NVMLError, target: str) -> N
     return NvmlCallFailed(name, int(exc.value), str(exc), target)
 
 
+def traced(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``, as a child span ``nvml.<Function>`` when a recording span is current."""
+    if not trace.get_current_span().is_recording():
+        return fn(*args)
+    name = getattr(fn, "__name__", "call")
+    with tracer().start_as_current_span(
+        f"nvml.{name.removeprefix('nvml')}", record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            span.set_attribute("nvml.return_code", int(exc.value))
+            span.set_status(trace.StatusCode.ERROR, str(exc))
+            raise
+
+
 def required(fn: Callable[..., T], target: str, *args: Any) -> T:
     """Call an NVML function whose answer we cannot do without (in the NVML thread)."""
     try:
-        return fn(*args)
+        return traced(fn, *args)
     except pynvml.NVMLError as exc:
         raise call_failed(fn, exc, target) from exc
 
@@ -77,7 +100,7 @@ def required(fn: Callable[..., T], target: str, *args: Any) -> T:
 def optional(fn: Callable[..., T], target: str, *args: Any) -> T | None:
     """Call an NVML function for an optional field: ``None`` when NVML does not support it."""
     try:
-        return fn(*args)
+        return traced(fn, *args)
     except pynvml.NVMLError as exc:
         if exc.value in NOT_AVAILABLE:
             return None

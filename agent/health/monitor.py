@@ -120,7 +120,9 @@ class HealthMonitor:
         """Ask NVML what the due recovery checks need, then apply quarantine expiry."""
         lost, reset = self.machine.due_polls(self._clock())
         if lost or reset:
-            results = await self._nvml.run(_poll, sorted(lost), sorted(reset))
+            with tracer().start_as_current_span("gpu.health.poll") as span:
+                span.set_attribute("gpu.uuids", sorted({*lost, *reset}))
+                results = await self._nvml.run(_poll, sorted(lost), sorted(reset))
             self.handle(results)
             for event in results:
                 if event.kind is EventKind.GPU_ANSWERED:
