@@ -1,0 +1,154 @@
+"""Whether one device can serve one request, check by check, with what each check saw.
+
+The allocator needs only the answer; ``explain`` needs every check's verdict and the value
+behind it, so both use these records: the DeviceClass's and the request's selectors, the
+device's taints against the request's tolerations, another claim holding the device, and the
+shared counters it would consume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from agent.dra.allocator.claim import Request
+from agent.dra.allocator.node import NodeDevice, NodeState
+from agent.dra.cel import CelError, split_name
+
+Obj = dict[str, Any]
+BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """``DeviceToleration`` semantics: an empty key with Exists matches every key, an empty
+    effect every effect; ``operator`` defaults to Equal."""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if key and key != taint.get("key"):
+        return False
+    if operator == "Exists":
+        return True
+    if operator == "Equal":
+        return bool(key) and (toleration.get("value") or "") == (taint.get("value") or "")
+    return False
+
+
+def blocks(taint: Mapping[str, Any], tolerations: tuple[Obj, ...]) -> bool:
+    """NoSchedule and NoExecute block unless tolerated; None (and unknown effects) never do."""
+    if taint.get("effect") not in BLOCKING_EFFECTS:
+        return False
+    return not any(tolerates(t, taint) for t in tolerations)
+
+
+@dataclass(frozen=True)
+class SelectorVerdict:
+    source: str
+    expression: str
+    result: bool | None  # None: it failed (error)
+    saw: dict[str, Any]
+    error: CelError | None = None
+
+
+@dataclass(frozen=True)
+class CounterVerdict:
+    counter_set: str
+    counter: str
+    needs: Fraction
+    available: Fraction  # after other claims' devices
+    exhausted: bool
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    device: NodeDevice
+    selectors: tuple[SelectorVerdict, ...]
+    taints: tuple[tuple[Obj, bool], ...]  # (taint, blocks)
+    in_use_by: str | None
+    counters: tuple[CounterVerdict, ...]
+    admin_access: bool
+
+    @property
+    def selected(self) -> bool:
+        return all(s.result is True for s in self.selectors)
+
+    @property
+    def error(self) -> CelError | None:
+        return next((s.error for s in self.selectors if s.error is not None), None)
+
+    @property
+    def verdict(self) -> str:
+        """The first reason the device cannot serve the request, or ``candidate``."""
+        if self.error is not None:
+            return "selector error"
+        if not self.selected:
+            return "not selected"
+        if self.device.problem:
+            return "pool invalid"
+        if any(b for _, b in self.taints):
+            return "tainted"
+        if self.in_use_by is not None and not self.admin_access:
+            return "in use"
+        if any(c.exhausted for c in self.counters) and not self.admin_access:
+            return "counters exhausted"
+        return "candidate"
+
+    @property
+    def usable(self) -> bool:
+        return self.verdict == "candidate"
+
+
+def raw_value(device: NodeDevice, reference: tuple[str, str, str]) -> Any:
+    """What the ResourceSlice says for ``(field, domain, name)``; None when it has nothing."""
+    field_name, domain, name = reference
+    if field_name == "driver":
+        return device.id.driver
+    entries = device.spec.get(field_name) or {}
+    for qualified, value in entries.items():
+        if split_name(qualified, device.id.driver) == (domain, name):
+            if field_name == "capacity":
+                return value.get("value")
+            return next(iter(value.values()), None)
+    return None
+
+
+def reference_label(reference: tuple[str, str, str]) -> str:
+    field_name, domain, name = reference
+    return "driver" if field_name == "driver" else f"{field_name}[{domain}].{name}"
+
+
+def check_device(request: Request, device: NodeDevice, state: NodeState) -> DeviceCheck:
+    verdicts = []
+    for source in request.selectors:
+        if source.selector is None:
+            verdicts.append(SelectorVerdict(source.source, "", None, {}, source.error))
+            continue
+        selector = source.selector
+        saw = {reference_label(r): raw_value(device, r) for r in selector.references}
+        try:
+            result: bool | None = selector.matches(device.variable)
+            error = None
+        except CelError as err:
+            result, error = None, err
+        verdicts.append(SelectorVerdict(source.source, selector.expression, result, saw, error))
+        if result is not True:
+            break  # like the scheduler: the first failing selector decides
+    taints = tuple((t, blocks(t, request.tolerations)) for t in device.taints)
+    counters = []
+    for counter_set, counter, amount in device.consumes:
+        key = (device.id.driver, device.id.pool, counter_set, counter)
+        available = state.available(key)
+        left = Fraction(0) if available is None else available
+        counters.append(CounterVerdict(counter_set, counter, amount, left, amount > left))
+    return DeviceCheck(
+        device,
+        tuple(verdicts),
+        taints,
+        state.in_use.get(device.id),
+        tuple(counters),
+        bool(request.admin_access),
+    )

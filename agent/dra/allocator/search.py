@@ -1,0 +1,229 @@
+"""Allocate one claim on one node the way kube-scheduler's structured allocator does.
+
+Requests are satisfied in order; a ``firstAvailable`` request tries its subrequests in order;
+``ExactCount`` takes devices in the node's device order (pools by driver and name, slices by
+name, devices as listed) and backtracks when a later choice cannot be completed, so the first
+allocation found is the scheduler's. ``All`` takes every selected device and fails if one of
+them cannot be had. A device must pass its class's and the request's selectors, carry no
+untolerated NoSchedule/NoExecute taint, not be held by another claim (unless admin access),
+fit in what is left of the shared counters it consumes, and keep every ``matchAttribute``
+constraint equal. A selector that fails on a device fails the allocation, as in Kubernetes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from agent.dra.allocator.checks import DeviceCheck, check_device
+from agent.dra.allocator.claim import ParsedClaim, Request
+from agent.dra.allocator.node import CounterKey, DeviceId, NodeDevice, NodeState
+from agent.dra.allocator.result import allocation_result
+
+Obj = dict[str, Any]
+#: resource.k8s.io/v1 AllocationResultsMaxSize
+MAX_RESULTS = 32
+#: Devices tried before giving up (the scheduler bounds its search by time instead).
+MAX_STEPS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Allocated:
+    request: Request
+    device: NodeDevice
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The allocation (``status.allocation``) or why there is none, plus every check made."""
+
+    fits: bool
+    allocation: Obj | None
+    devices: tuple[Allocated, ...]
+    reasons: tuple[str, ...]
+    checks: dict[str, list[DeviceCheck]] = field(repr=False)
+
+
+class _Abort(Exception):
+    """Stop the whole search (a selector error, too many steps)."""
+
+
+class _Search:
+    def __init__(self, claim: ParsedClaim, state: NodeState, checks: dict[str, list[DeviceCheck]]):
+        self.claim = claim
+        self.state = state
+        self.checks = checks
+        self.chosen: list[Allocated] = []
+        self.allocating: Counter[DeviceId] = Counter()
+        self.used: dict[CounterKey, Fraction] = {}
+        self.values: dict[int, tuple[Any, int]] = {}  # constraint -> (value, devices holding it)
+        self.steps = 0
+
+    def solve(self, index: int) -> bool:
+        if index == len(self.claim.requests):
+            return True
+        for request in self.claim.requests[index].alternatives:
+            if request.class_problem:
+                continue
+            checks = self.checks[request.name]
+            error = next((c.error for c in checks if c.error is not None), None)
+            if error is not None:
+                raise _Abort(f"request {request.name}: {error.message} on a device (see explain)")
+            if request.mode == "All":
+                selected = [c for c in checks if c.selected]
+                if not selected or any(not c.usable or c.device.pool_incomplete for c in selected):
+                    continue
+                if self._place_all(request, [c.device for c in selected], index):
+                    return True
+            else:
+                candidates = [c.device for c in checks if c.usable]
+                if self._place(request, candidates, 0, request.count, index):
+                    return True
+        return False
+
+    def _place_all(self, request: Request, devices: list[NodeDevice], index: int) -> bool:
+        added = 0
+        for device in devices:
+            if not self._add(request, device):
+                break
+            added += 1
+        else:
+            if self.solve(index + 1):
+                return True
+        for _ in range(added):
+            self._remove()
+        return False
+
+    def _place(
+        self, request: Request, candidates: list[NodeDevice], start: int, left: int, index: int
+    ) -> bool:
+        if left == 0:
+            return self.solve(index + 1)
+        for position in range(start, len(candidates) - left + 1):
+            if self._add(request, candidates[position]):
+                if self._place(request, candidates, position + 1, left - 1, index):
+                    return True
+                self._remove()
+        return False
+
+    def _add(self, request: Request, device: NodeDevice) -> bool:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise _Abort(f"gave up after trying {MAX_STEPS} devices")
+        if len(self.chosen) >= MAX_RESULTS:
+            return False
+        if not request.admin_access and self.allocating[device.id]:
+            return False
+        for number, constraint in enumerate(self.claim.constraints):
+            if not constraint.applies_to(request):
+                continue
+            value = device.attribute(constraint.match_attribute)
+            if value is None:
+                return False
+            if number in self.values and self.values[number][0] != value:
+                return False
+        if not request.admin_access:
+            for counter_set, counter, amount in device.consumes:
+                key = (device.id.driver, device.id.pool, counter_set, counter)
+                available = self.state.available(key) or Fraction(0)
+                if self.used.get(key, Fraction(0)) + amount > available:
+                    return False
+        self._apply(request, device, 1)
+        self.chosen.append(Allocated(request, device))
+        return True
+
+    def _remove(self) -> None:
+        last = self.chosen.pop()
+        self._apply(last.request, last.device, -1)
+
+    def _apply(self, request: Request, device: NodeDevice, sign: int) -> None:
+        self.allocating[device.id] += sign
+        for number, constraint in enumerate(self.claim.constraints):
+            if constraint.applies_to(request):
+                value, holders = self.values.get(
+                    number, (device.attribute(constraint.match_attribute), 0)
+                )
+                if holders + sign == 0:
+                    self.values.pop(number, None)
+                else:
+                    self.values[number] = (value, holders + sign)
+        if not request.admin_access:
+            for counter_set, counter, amount in device.consumes:
+                key = (device.id.driver, device.id.pool, counter_set, counter)
+                self.used[key] = self.used.get(key, Fraction(0)) + sign * amount
+
+
+def allocate(claim: ParsedClaim, state: NodeState) -> Outcome:
+    """Allocate ``claim`` on ``state``'s node; never raises for an unsatisfiable claim."""
+    checks = {
+        request.name: [check_device(request, device, state) for device in state.devices]
+        for claim_request in claim.requests
+        for request in claim_request.alternatives
+    }
+    search = _Search(claim, state, checks)
+    try:
+        found = search.solve(0)
+    except _Abort as abort:
+        return Outcome(False, None, (), (str(abort),), checks)
+    if not found:
+        return Outcome(False, None, (), tuple(failure_reasons(claim, checks)), checks)
+    chosen = tuple(search.chosen)
+    return Outcome(True, allocation_result(claim, chosen, state.node_name), chosen, (), checks)
+
+
+def failure_reasons(claim: ParsedClaim, checks: dict[str, list[DeviceCheck]]) -> list[str]:
+    """Why each request cannot be met on its own, or that they cannot be met together."""
+    reasons = []
+    for claim_request in claim.requests:
+        for request in claim_request.alternatives:
+            reason = _request_reason(claim, request, checks[request.name])
+            if reason:
+                reasons.append(f"request {request.name}: {reason}")
+    if not reasons:
+        reasons.append(
+            "each request can be met alone, but not all together "
+            "(shared devices, counters or constraints across requests)"
+        )
+    return reasons
+
+
+def _request_reason(claim: ParsedClaim, request: Request, checks: list[DeviceCheck]) -> str:
+    if request.class_problem:
+        return request.class_problem
+    usable = [c for c in checks if c.usable]
+    verdicts = Counter(c.verdict for c in checks if not c.usable)
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items()))
+    if request.mode == "All":
+        selected = [c for c in checks if c.selected]
+        if not selected:
+            return "allocationMode All, but no device matches the selectors"
+        blocked = [c for c in selected if not c.usable]
+        if blocked:
+            names = ", ".join(f"{c.device.id.device} ({c.verdict})" for c in blocked)
+            return f"allocationMode All needs every matching device, but: {names}"
+        if any(c.device.pool_incomplete for c in selected):
+            return "allocationMode All, but a pool is being updated (incomplete)"
+        need = len(selected)
+    else:
+        need = request.count
+        if len(usable) < need:
+            return f"needs {need} device(s), {len(usable)} available" + (
+                f" ({summary})" if summary else ""
+            )
+    applying = [c for c in claim.constraints if c.applies_to(request)]
+    if applying:
+        groups = Counter(
+            tuple(c.device.attribute(k.match_attribute) for k in applying) for c in usable
+        )
+        best = max((n for key, n in groups.items() if None not in key), default=0)
+        names = " and ".join(k.match_attribute for k in applying)
+        if best < need:
+            return (
+                f"needs {need} device(s) with equal {names}; {len(usable)} available, "
+                f"at most {best} of them share those values"
+            )
+    if any(c.counters for c in usable):
+        return f"the {len(usable)} available device(s) together exceed the shared counters"
+    return ""
