@@ -76,9 +76,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-format",
-        default="text",
-        choices=["text", "json"],
-        help="text for terminals, json (one object per line) for journald and log shippers",
+        default="auto",
+        choices=["auto", "text", "json"],
+        help="text for terminals, json (one object per line) for journald and log shippers; "
+        "auto (default): text when stderr is a terminal, else json",
     )
 
 

@@ -66,9 +66,12 @@ class DropCounter:
     """Counts dropped spans in the agent's meter; warns at most once per ``interval``."""
 
     def __init__(
-        self, interval: float = WARN_INTERVAL_S, clock: Callable[[], float] = time.monotonic
+        self,
+        interval: float = WARN_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+        meter: metrics.Meter | None = None,
     ) -> None:
-        meter = metrics.get_meter("gpu-dra-agent")
+        meter = meter or metrics.get_meter("gpu-dra-agent")
         self._counter = meter.create_counter(
             DROPPED_METRIC,
             description="Finished spans dropped because the export queue was full",

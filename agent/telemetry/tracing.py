@@ -111,6 +111,33 @@ def make_exporter(name: str, protocol: str) -> Any:
     return HttpExporter()
 
 
+def build_provider(
+    plan: TraceExportPlan,
+    node_name: str | None = None,
+    service_name: str = SERVICE_NAME,
+    exporter: Any = None,
+    environ: Mapping[str, str] = os.environ,
+) -> tuple[Any, list[Any]]:
+    """A tracer provider for ``plan`` (not installed) and its batch processors."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    # TracerProvider reads OTEL_TRACES_SAMPLER/_ARG and OTEL_SDK_DISABLED by itself.
+    provider = TracerProvider(resource=build_resource(node_name, service_name, environ))
+    processors: list[Any] = []
+    if exporter is not None:
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        return provider, processors
+    from agent.telemetry.export import BoundedBatchSpanProcessor
+
+    for name in plan.exporters:
+        processor = BoundedBatchSpanProcessor(make_exporter(name, plan.protocol), environ=environ)
+        processors.append(processor)
+        provider.add_span_processor(processor)
+    return provider, processors
+
+
 def configure_tracing(
     *,
     service_name: str = SERVICE_NAME,
@@ -135,21 +162,9 @@ def configure_tracing(
         if not plan.enabled:
             log.debug("tracing off: %s", plan.reason)
             return False
-        from opentelemetry.sdk.trace import TracerProvider
-
-        # TracerProvider reads OTEL_TRACES_SAMPLER/_ARG and OTEL_SDK_DISABLED by itself.
-        provider = TracerProvider(resource=build_resource(node_name, service_name, environ))
-        if exporter is not None:
-            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-
-            provider.add_span_processor(SimpleSpanProcessor(exporter))
-        else:
-            from agent.telemetry.export import BoundedBatchSpanProcessor
-
-            for name in plan.exporters:
-                processor = BoundedBatchSpanProcessor(make_exporter(name, plan.protocol))
-                _processors.append(processor)
-                provider.add_span_processor(processor)
+        provider, processors = build_provider(plan, node_name, service_name, exporter, environ)
+        _processors.extend(processors)
+        if exporter is None:
             log.info(
                 "exporting traces: %s",
                 ", ".join(
