@@ -64,12 +64,9 @@ async def traced_prepare(
         lambda got: any(s.trace_id == trace_id and s.name == RPC for s in got), timeout=15
     )
     await harness.unprepare(claim)
-    return (
-        trace_id,
-        format(parent.get_span_context().span_id, "016x"),
-        [s for s in spans if s.trace_id == trace_id]
-        + [s for s in sink.spans if s.trace_id == trace_id and s not in spans],
-    )
+    kubelet_span_id = format(parent.get_span_context().span_id, "016x")
+    # Children end before the RPC span and leave in order: the RPC span arrives last.
+    return trace_id, kubelet_span_id, [s for s in spans if s.trace_id == trace_id]
 
 
 @pytest.mark.parametrize("receiver", [grpc_receiver, http_receiver], ids=["grpc", "http"])
