@@ -207,6 +207,7 @@ class Supervisor:
                 node_name=config.node_name,
                 publisher=publisher,
                 events=events,
+                driver_name=config.driver_name,
             )
             self._child(group, "health monitor", health.monitor.run)
         if session.simulated is not None:

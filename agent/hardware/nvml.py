@@ -16,6 +16,7 @@ context lookup.
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ import pynvml
 from opentelemetry import trace
 
 from agent.hardware.errors import NvmlCallFailed, NvmlLibraryNotFound
+from agent.telemetry.metrics import NVML_CALL_DURATION, observe
 from agent.telemetry.tracing import tracer
 
 T = TypeVar("T")
@@ -46,8 +48,22 @@ class Nvml:
         return self._limiter
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn(*args)`` (pynvml calls, or a function making several) in the NVML thread."""
-        return await anyio.to_thread.run_sync(functools.partial(fn, *args), limiter=self.limiter)
+        """Run ``fn(*args)`` (pynvml calls, or a function making several) in the NVML thread.
+
+        Its time in the thread is ``gpu_dra_nvml_call_duration_seconds{call}``: ``call`` is the
+        pynvml function's name for ``required``/``optional``, else the function's own name."""
+        call = functools.partial(fn, *args)
+        target = args[0] if fn in (required, optional) and args else fn
+        name = getattr(target, "__name__", type(target).__name__)
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return call()
+            finally:
+                observe(NVML_CALL_DURATION, time.perf_counter() - started, call=name)
+
+        return await anyio.to_thread.run_sync(timed, limiter=self.limiter)
 
     async def init(self) -> None:
         """Initialize NVML; raises ``NvmlLibraryNotFound`` when the driver library is missing."""

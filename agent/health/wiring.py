@@ -9,12 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from agent.hardware.events import EventPump, WatchedGpu
+from agent.hardware.events import WatchedGpu
 from agent.hardware.inventory import Inventory
 from agent.hardware.nvml import Nvml
+from agent.health.metrics import CountingPump, MeasuredHub
 from agent.health.monitor import DevicePublisher, HealthMonitor
 from agent.health.policy import HealthPolicy
-from agent.health.stream import HEALTH_VERSIONS, HealthHub, HealthStreamService
+from agent.health.stream import HEALTH_VERSIONS, HealthStreamService
 from agent.kube.events import EventPoster
 from agent.kubelet.registration import DRA_VERSIONS
 
@@ -39,10 +40,11 @@ def build_health(
     node_name: str,
     publisher: DevicePublisher,
     events: EventPoster,
+    driver_name: str = "gpu.nvidia.com",
 ) -> HealthParts:
     """The health monitor (run it in the task group) and the service for the DRA socket."""
-    hub = HealthHub()
-    pump = EventPump([WatchedGpu(g.index, g.uuid) for g in inventory.gpus])
+    hub = MeasuredHub(driver_name)
+    pump = CountingPump([WatchedGpu(g.index, g.uuid) for g in inventory.gpus])
     monitor = HealthMonitor(
         nvml=nvml,
         inventory=inventory,

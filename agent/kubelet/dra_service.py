@@ -29,6 +29,14 @@ from agent.kubelet import api
 from agent.kubelet.claims import MalformedRequest, ScreenedClaims, screen_claims
 from agent.kubelet.rpc import InFlightCalls, unary_handler
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
+from agent.telemetry.metrics import (
+    CLAIM_ERRORS,
+    CLAIMS_PREPARED,
+    CLAIMS_UNPREPARED,
+    DEVICES_PREPARED,
+    add,
+    device_type,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +74,10 @@ def _batch_failure(method: str, err: Exception) -> str:
 class DraPluginService:
     """grpclib service object answering both DRAPlugin versions with one engine."""
 
-    def __init__(self, engine: ClaimPreparer, calls: InFlightCalls) -> None:
+    def __init__(self, engine: ClaimPreparer, calls: InFlightCalls, driver: str = "") -> None:
         self._engine = engine
         self._calls = calls
+        self._driver = driver
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         mapping: dict[str, grpclib.const.Handler] = {}
@@ -95,6 +104,7 @@ class DraPluginService:
                     response_type=response,
                     function=function,
                     calls=self._calls,
+                    driver=self._driver,
                 )
         return mapping
 
@@ -105,6 +115,7 @@ class DraPluginService:
             uid: pb.NodePrepareResourceResponse(error=error)
             for uid, error in screened.errors.items()
         }
+        failed = dict.fromkeys(screened.errors, "invalid_claim")
         if screened.accepted:
             try:
                 results = await self._engine.prepare(screened.accepted)
@@ -113,18 +124,26 @@ class DraPluginService:
                     c.uid: ClaimPrepareResult(error=_batch_failure(PREPARE, err))
                     for c in screened.accepted
                 }
+                failed.update(dict.fromkeys(results, "batch_failed"))
             for claim in screened.accepted:
                 result = results.get(claim.uid)
                 if result is None:
                     result = ClaimPrepareResult(
                         error=f"the prepare engine returned no result for claim {claim.uid}"
                     )
+                    failed[claim.uid] = "no_result"
                 if result.error:
                     answers[claim.uid] = pb.NodePrepareResourceResponse(error=result.error)
+                    failed.setdefault(claim.uid, claim_error_reason(result.error))
                 else:
                     answers[claim.uid] = pb.NodePrepareResourceResponse(
                         devices=[_device(pb, d) for d in result.devices]
                     )
+                    add(CLAIMS_PREPARED, 1, driver=self._driver)
+                    for device in result.devices:
+                        kind = device_type(device.device_name)
+                        add(DEVICES_PREPARED, 1, driver=self._driver, type=kind)
+        self._count_errors(PREPARE, failed)
         return pb.NodePrepareResourcesResponse(claims=answers)
 
     async def unprepare(self, pb: ModuleType, request: Any) -> Any:
@@ -134,18 +153,59 @@ class DraPluginService:
             uid: pb.NodeUnprepareResourceResponse(error=error)
             for uid, error in screened.errors.items()
         }
+        failed = dict.fromkeys(screened.errors, "invalid_claim")
         if screened.accepted:
             try:
                 errors: Mapping[str, str | None] = await self._engine.unprepare(screened.accepted)
             except AgentError as err:
                 errors = {c.uid: _batch_failure(UNPREPARE, err) for c in screened.accepted}
+                failed.update(dict.fromkeys(errors, "batch_failed"))
             for claim in screened.accepted:
                 if claim.uid in errors:
                     error = errors[claim.uid] or ""
                 else:
                     error = f"the prepare engine returned no result for claim {claim.uid}"
+                    failed[claim.uid] = "no_result"
                 answers[claim.uid] = pb.NodeUnprepareResourceResponse(error=error)
+                if error:
+                    failed.setdefault(claim.uid, claim_error_reason(error))
+                else:
+                    add(CLAIMS_UNPREPARED, 1, driver=self._driver)
+        self._count_errors(UNPREPARE, failed)
         return pb.NodeUnprepareResourcesResponse(claims=answers)
+
+    def _count_errors(self, method: str, reasons: Mapping[str, str]) -> None:
+        operation = "prepare" if method == PREPARE else "unprepare"
+        by_reason: dict[str, int] = {}
+        for reason in reasons.values():
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+        for reason, count in by_reason.items():
+            add(CLAIM_ERRORS, count, driver=self._driver, operation=operation, reason=reason)
+
+
+#: The ``reason`` label of a per-claim error, from words of the engine's message; the message
+#: itself goes to the kubelet and the log, never into a label (unbounded values).
+_ERROR_REASONS = (
+    ("got replaced", "claim_replaced"),
+    ("not allocated", "not_allocated"),
+    ("allocated for another node", "wrong_node"),
+    ("do not exist on this node", "unknown_device"),
+    ("sharing strategy", "unsupported_sharing"),
+    ("cannot read resourceclaim", "claim_read_failed"),
+    ("node lock", "lock_timeout"),
+    ("checkpoint", "checkpoint"),
+    ("cdi", "cdi"),
+    ("config", "config"),
+)
+
+
+def claim_error_reason(message: str) -> str:
+    """A bounded ``reason`` for a per-claim error message (``prepare_failed`` when unsure)."""
+    lowered = message.lower()
+    for words, reason in _ERROR_REASONS:
+        if words in lowered:
+            return reason
+    return "prepare_failed"
 
 
 def _screen(method: str, request: Any) -> ScreenedClaims:

@@ -49,7 +49,7 @@ class KubeletPlugin:
         self.calls = InFlightCalls()
         self.dra_server = UnixGrpcServer(
             dra_socket,
-            [DraPluginService(engine, self.calls), *extra_services],
+            [DraPluginService(engine, self.calls, driver_name), *extra_services],
             self.calls,
             name="DRA",
         )

@@ -54,6 +54,7 @@ class RegistrationService:
         )
         self._calls = calls
         self._on_status = on_status
+        self._driver = driver_name
 
     async def get_info(self, request: Any) -> Any:
         return self._info
@@ -72,6 +73,7 @@ class RegistrationService:
                 response_type=pr.PluginInfo,
                 function=self.get_info,
                 calls=self._calls,
+                driver=self._driver,
             ),
             f"/{SERVICE}/NotifyRegistrationStatus": unary_handler(
                 service=SERVICE,
@@ -81,6 +83,7 @@ class RegistrationService:
                 response_type=pr.RegistrationStatusResponse,
                 function=self.notify_registration_status,
                 calls=self._calls,
+                driver=self._driver,
             ),
         }
 

@@ -20,6 +20,7 @@ the two) is not delayed by the GET's work on the event loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
@@ -30,6 +31,7 @@ from opentelemetry import trace
 from agent.node.checkpoint import Checkpoint, PreparedClaim
 from agent.node.checkpoint_store import CheckpointStore
 from agent.node.offload import IoThreads
+from agent.telemetry.metrics import CHECKPOINT_WRITE_DURATION, PREPARED_CLAIMS, observe, set_gauge
 from agent.telemetry.tracing import tracer
 
 
@@ -42,9 +44,12 @@ class CheckpointCommitter:
         checkpoint: Checkpoint,
         *,
         tidy: Callable[[], None] | None = None,
+        driver: str = "",
     ) -> None:
         """``tidy`` (``CheckpointStore.close_retired``) is queued in the writer thread
-        behind a write that expects no follow-up: it runs while the caller goes on."""
+        behind a write that expects no follow-up: it runs while the caller goes on.
+        ``driver`` labels the ``gpu_dra_prepared_claims`` gauge this keeps current."""
+        self._driver = driver
         self._store = store
         self._tidy = tidy
         self._checkpoint = checkpoint
@@ -53,6 +58,7 @@ class CheckpointCommitter:
         self._writer = IoThreads("gpu-dra-checkpoint", max_threads=1)
         self._running: asyncio.Future[None] | None = None  # the write in the writer thread
         self.writes = 0  # checkpoint files written since start (a test and metrics hook)
+        self._count_prepared(checkpoint)
 
     @property
     def checkpoint(self) -> Checkpoint:
@@ -75,6 +81,10 @@ class CheckpointCommitter:
         self._checkpoint = checkpoint
         self._version += 1
         self._durable_version = self._version
+        self._count_prepared(checkpoint)
+
+    def _count_prepared(self, durable: Checkpoint) -> None:
+        set_gauge(PREPARED_CLAIMS, len(durable.completed()), driver=self._driver)
 
     def close(self) -> None:
         """Let the writer thread exit (after the write in flight, if any)."""
@@ -114,6 +124,7 @@ class CheckpointCommitter:
     def _begin(self, more: bool) -> asyncio.Future[None]:
         snapshot, version = self._checkpoint, self._version
         running = self._writer.submit(self._store.save, snapshot)  # may raise: no span yet
+        started = time.perf_counter()
         span = tracer().start_span("checkpoint.write")
         span.set_attribute("checkpoint.claims", len(snapshot.claims))
         self._running = running
@@ -129,6 +140,9 @@ class CheckpointCommitter:
             elif not future.cancelled():
                 self.writes += 1
                 self._durable_version = max(self._durable_version, version)
+                elapsed = time.perf_counter() - started
+                observe(CHECKPOINT_WRITE_DURATION, elapsed, trace.set_span_in_context(span))
+                self._count_prepared(snapshot)
             span.end()  # the span covers the write, whether or not its caller still waits
 
         running.add_done_callback(finished)

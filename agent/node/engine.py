@@ -169,7 +169,7 @@ class PrepareEngine:
                 self._store, self._specs, self._facts, self._events
             )
             self._state = self._committer = CheckpointCommitter(
-                self._store, checkpoint, tidy=self._store.close_retired
+                self._store, checkpoint, tidy=self._store.close_retired, driver=self.driver
             )
         return report
 

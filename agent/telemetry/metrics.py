@@ -121,7 +121,7 @@ SLICE_WATCH_RESTARTS = _meter.create_counter(
 NVML_CALL_DURATION = _meter.create_histogram(
     "gpu_dra_nvml_call_duration",
     "s",
-    "time of one piece of NVML work in the NVML thread, queueing included, by call",
+    "time of one piece of NVML work in the NVML thread, by call",
     explicit_bucket_boundaries_advisory=IO_BUCKETS,
 )
 CHECKPOINT_WRITE_DURATION = _meter.create_histogram(
