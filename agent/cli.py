@@ -46,6 +46,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agent.demo",
         "watch the agent work end to end: API server, agent and kubelet emulator",
     ),
+    "explain": (
+        "agent.explain",
+        "why a claim does (not) fit a node: every device, selector, taint, counter, constraint",
+    ),
     "probe": (
         "agent.probe",
         "check that a running agent answers the kubelet (for liveness and startup probes)",
@@ -59,6 +63,10 @@ SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kubelet": (
         "agent.sim.kubelet.cli",
         "run the kubelet emulator: registers plugins and calls them like a kubelet",
+    ),
+    "allocate": (
+        "agent.sim.allocate_cli",
+        "allocate claims on a node as kube-scheduler would (there is no scheduler in the sim)",
     ),
     "xid": ("agent.sim.control.xid", "inject an XID into a GPU of a running simulated agent"),
     "ecc": ("agent.sim.control.ecc", "inject an ECC error into a GPU of a simulated agent"),

@@ -10,6 +10,7 @@ check (``explain`` prints them). What it does not cover is listed in docs/ARCHIT
 from agent.dra.allocator.checks import DeviceCheck, blocks, tolerates
 from agent.dra.allocator.claim import ClaimSpecError, ParsedClaim, claim_spec, parse_claim
 from agent.dra.allocator.node import DeviceId, NodeDevice, NodeState, build_node_state
+from agent.dra.allocator.report import explain, summary
 from agent.dra.allocator.result import config_entry, device_result, node_selector
 from agent.dra.allocator.search import MAX_RESULTS, Allocated, Outcome, allocate
 
@@ -29,7 +30,9 @@ __all__ = [
     "claim_spec",
     "config_entry",
     "device_result",
+    "explain",
     "node_selector",
     "parse_claim",
+    "summary",
     "tolerates",
 ]

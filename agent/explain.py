@@ -1,0 +1,222 @@
+"""Answer "why does my claim not fit this node?" (``gpu-dra-agent explain``).
+
+Operators otherwise read scheduler logs. This runs the scheduler-faithful allocator
+(:mod:`agent.dra.allocator`) on one claim and one node and prints, per request, every device
+with each selector's verdict and the values it saw, blocking taints, the claim holding it,
+exhausted counters, the ``matchAttribute`` groups, and the allocation that would result.
+The node's devices come from a simulated host (built in-process, as ``discover --simulate``
+does) or from a cluster (ResourceSlices, DeviceClasses and allocated claims).
+Exit status: 0 when the claim fits, 1 when it does not, 2 when the claim itself is bad.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_CLAIM = 0, 1, 2
+SIM_NODE = "sim-node"
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "claim",
+        metavar="CLAIM.yaml",
+        help="a ResourceClaim or ResourceClaimTemplate file ('-': stdin)",
+    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--simulate", metavar="PROFILE|FILE", help="the node is a simulated host of this profile"
+    )
+    where.add_argument(
+        "--kubeconfig",
+        type=Path,
+        help="read the node's slices, classes and claims from this cluster",
+    )
+    parser.add_argument(
+        "--node", help=f"node name (required with --kubeconfig; default {SIM_NODE} with --simulate)"
+    )
+    parser.add_argument(
+        "--driver-name", default="gpu.nvidia.com", help="driver of a simulated host"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "yaml", "json"],
+        default="table",
+        help="table for people, yaml or json for tools",
+    )
+
+
+def load_claim(path: str) -> dict[str, Any]:
+    """The first ResourceClaim or ResourceClaimTemplate of a (multi-document) YAML file."""
+    from agent.dra.allocator import ClaimSpecError
+
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if isinstance(d, dict)]
+    except yaml.YAMLError as err:
+        raise ClaimSpecError(f"{path}: not YAML: {err}") from err
+    for document in documents:
+        if document.get("kind") in ("ResourceClaim", "ResourceClaimTemplate"):
+            return document
+    raise ClaimSpecError(f"{path}: no ResourceClaim or ResourceClaimTemplate in it")
+
+
+async def _simulated_view(profile: str, node: str, driver: str) -> Any:
+    from agent.discover import name_for_preview
+    from agent.dra import build_device_set, build_slices
+    from agent.hardware.discovery import discover_host
+    from agent.sim.allocation import ClusterView
+    from agent.sim.deviceclasses import default_device_classes
+
+    with tempfile.TemporaryDirectory(prefix="gpu-dra-explain-") as root:
+        inventory = await discover_host(profile, Path(root))
+    devices = build_device_set(inventory).devices
+    slices = name_for_preview(build_slices(devices, node_name=node, driver_name=driver))
+    classes = {c["metadata"]["name"]: c for c in default_device_classes()}
+    return ClusterView(node, {}, slices, classes, [])
+
+
+async def _cluster_view(kubeconfig: Path, node: str) -> Any:
+    from agent.sim.allocation import access_from_kubeconfig, read_cluster
+
+    access = await access_from_kubeconfig(kubeconfig)
+    async with access.session() as session:
+        return await read_cluster(session, node)
+
+
+async def run(args: argparse.Namespace) -> int:
+    from agent.dra.allocator import ClaimSpecError, allocate, build_node_state, explain, parse_claim
+
+    if args.kubeconfig is not None and not args.node:
+        print("gpu-dra-agent explain: --node is required with --kubeconfig", file=sys.stderr)
+        return EXIT_BAD_CLAIM
+    node = args.node or SIM_NODE
+    try:
+        document = load_claim(args.claim)
+        if args.simulate is not None:
+            view = await _simulated_view(args.simulate, node, args.driver_name)
+        else:
+            view = await _cluster_view(args.kubeconfig, node)
+        claim = parse_claim(document, view.classes)
+    except (ClaimSpecError, OSError) as err:
+        print(f"gpu-dra-agent explain: bad claim: {err}", file=sys.stderr)
+        return EXIT_BAD_CLAIM
+    uid = (document.get("metadata") or {}).get("uid")
+    state = build_node_state(
+        node, view.slices, view.claims, node_labels=view.node_labels, exclude_claim_uid=uid
+    )
+    report = explain(claim, state, allocate(claim, state))
+    if args.output == "json":
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+    elif args.output == "yaml":
+        sys.stdout.write(yaml.safe_dump(report, sort_keys=False))
+    else:
+        sys.stdout.write(render_table(report))
+    return EXIT_FITS if report["fits"] else EXIT_DOES_NOT_FIT
+
+
+def _value(value: Any) -> str:
+    return "(missing)" if value is None else str(value)
+
+
+def _selectors(device: dict[str, Any]) -> str:
+    parts = []
+    for selector in device["selectors"]:
+        verdict = {True: "yes", False: "no", None: "ERROR"}[selector["result"]]
+        source = "class" if selector["source"].startswith("class") else "request"
+        saw = ", ".join(
+            f"{k.split('.')[-1] if k != 'driver' else k}={_value(v)}"
+            for k, v in selector["saw"].items()
+        )
+        parts.append(
+            f"{source}:{verdict}" + (f" ({saw})" if saw and selector["result"] is not True else "")
+        )
+    return "; ".join(parts)
+
+
+def _details(device: dict[str, Any]) -> str:
+    details = []
+    for taint in device.get("taints", []):
+        mark = (
+            "blocks"
+            if taint["blocks"]
+            else "tolerated"
+            if taint["effect"] != "None"
+            else "harmless"
+        )
+        details.append(f"taint {taint['key']}={taint.get('value', '')}:{taint['effect']} ({mark})")
+    if "allocatedTo" in device:
+        details.append(f"allocated to {device['allocatedTo']}")
+    for counter in device.get("counters", []):
+        if counter["exhausted"]:
+            details.append(
+                f"counter {counter['counterSet']}/{counter['counter']}: needs {counter['needs']}, {counter['available']} left"
+            )
+    if "problem" in device:
+        details.append(device["problem"])
+    for selector in device["selectors"]:
+        if "error" in selector:
+            error = selector["error"]
+            details.append(
+                f"{error['kind']} error at {error.get('line', '?')}:{error.get('column', '?')}: {error['message']}"
+            )
+    return "; ".join(details) or "-"
+
+
+def render_table(report: dict[str, Any]) -> str:
+    verdict = "FITS" if report["fits"] else "DOES NOT FIT"
+    lines = [f"claim {report['claim']} on node {report['node']}: {verdict}"]
+    for request in report["requests"]:
+        mode = (
+            f"{request['count']} device(s)"
+            if request["allocationMode"] == "ExactCount"
+            else "all matching devices"
+        )
+        lines.append("")
+        lines.append(
+            f"request {request['name']}: {mode} of class {request['deviceClassName']}, {request['candidates']} candidate(s)"
+        )
+        for selector in request["selectors"]:
+            lines.append(f"  {selector['source']}: {' '.join(selector['expression'].split())}")
+        if "problem" in request:
+            lines.append(f"  {request['problem']}")
+        rows = [("DEVICE", "VERDICT", "SELECTORS", "TAINTS / IN USE / COUNTERS")]
+        rows += [
+            (d["device"], d["verdict"], _selectors(d), _details(d)) for d in request["devices"]
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        for row in rows:
+            lines.append(
+                "  "
+                + "  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True))
+                + "  "
+                + row[3]
+            )
+    for constraint in report["constraints"]:
+        groups = (
+            "; ".join(f"{g['value']}: {', '.join(g['devices'])}" for g in constraint["groups"])
+            or "(no candidates)"
+        )
+        lines.append("")
+        lines.append(
+            f"constraint matchAttribute {constraint['matchAttribute']} over {', '.join(constraint['requests'])}: {groups}"
+        )
+    lines.append("")
+    if report["fits"]:
+        lines.append("allocation (status.allocation, as the scheduler would write it):")
+        lines.extend(
+            "  " + line
+            for line in yaml.safe_dump(report["allocation"], sort_keys=False).splitlines()
+        )
+    else:
+        lines.append("why it does not fit:")
+        lines.extend(f"  - {reason}" for reason in report["reasons"])
+    return "\n".join(lines) + "\n"

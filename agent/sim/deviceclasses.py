@@ -1,0 +1,26 @@
+"""The DeviceClasses the agent's deployment installs, for clusters that have none.
+
+``deploy/kubernetes/base/deviceclasses.yaml`` is what a cluster gets; ``explain --simulate``,
+the demo and the integration tests need the same classes without kustomize, so they live
+here too (a test checks the two stay equal).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _device_class(name: str, kind: str) -> dict[str, Any]:
+    expression = (
+        f"device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == '{kind}'"
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
+def default_device_classes() -> list[dict[str, Any]]:
+    return [_device_class("gpu.nvidia.com", "gpu"), _device_class("mig.nvidia.com", "mig")]
