@@ -184,25 +184,49 @@ async def _show_slices(server: Any, node: str) -> None:
         )
 
 
+def _gpu_request(name: str, count: int, selector: str) -> dict[str, Any]:
+    exactly = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count}
+    return {"name": name, "exactly": {**exactly, "selectors": [{"cel": {"expression": selector}}]}}
+
+
+#: The demo's claims, as a user writes them; the allocator (as kube-scheduler) picks the GPUs.
+ONE_NUMA_NODE = [{"matchAttribute": "resource.kubernetes.io/numaNode"}]
+CLAIM_SPECS: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
+    "one-gpu": (
+        _gpu_request(
+            "gpu", 1, "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+        ),
+        [],
+    ),
+    "four-gpus": (
+        _gpu_request(
+            "gpus", 4, "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100')"
+        ),
+        ONE_NUMA_NODE,
+    ),
+}
+
+
 async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> None:
-    from agent.sim.claims import AllocatedDevice, create_allocated_claim
+    from agent.sim.allocation import ApiAccess, claim_from_request, create_and_allocate_claim
+    from agent.sim.deviceclasses import default_device_classes
     from agent.sim.kubelet import ClaimRef
 
-    wanted = {
-        "one-gpu": [AllocatedDevice(request="gpu", device="gpu-0", pool=node)],
-        "four-gpus": [
-            AllocatedDevice(request="gpus", device=f"gpu-{i}", pool=node) for i in range(4, 8)
-        ],
-    }
+    for device_class in default_device_classes():
+        server.put_object(device_class)
+    access = ApiAccess(server.url)
     refs = []
-    for name, devices in wanted.items():
-        claim = await create_allocated_claim(
-            server.url, name, devices, namespace=NAMESPACE, node_name=node
-        )
+    allocated: list[list[str]] = []
+    for name, (request, constraints) in CLAIM_SPECS.items():
+        manifest = claim_from_request(name, request, namespace=NAMESPACE, constraints=constraints)
+        claim = await create_and_allocate_claim(access, manifest, node)
         refs.append(ClaimRef(namespace=NAMESPACE, name=name, uid=claim["metadata"]["uid"]))
-    say("5. created two allocated ResourceClaims (as the scheduler leaves them):")
-    for ref, devices in zip(refs, wanted.values(), strict=True):
-        say(f"   {ref.namespace}/{ref.name} uid {ref.uid}: {', '.join(d.device for d in devices)}")
+        results = claim["status"]["allocation"]["devices"]["results"]
+        allocated.append([r["device"] for r in results])
+    say("5. created two ResourceClaims; the allocator (as kube-scheduler) chose their GPUs:")
+    for ref, devices in zip(refs, allocated, strict=True):
+        say(f"   {ref.namespace}/{ref.name} uid {ref.uid}: {', '.join(devices)}")
+    await _explain_does_not_fit(access, node)
 
     say("6. NodePrepareResources, as the kubelet calls it before starting the pods:")
     for ref in refs:
@@ -225,6 +249,29 @@ async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> None:
             raise DemoFailed(f"unpreparing {ref.name} failed: {error}")
         say(f"   {ref.name}: unprepared")
     _show_cdi_files(Path(kubelet.registrar_dir).parent / "cdi")
+
+
+async def _explain_does_not_fit(access: Any, node: str) -> None:
+    """``gpu-dra-agent explain`` on a third claim for 4 GPUs on one NUMA node: one GPU of
+    socket 0 and all of socket 1 are taken, so no NUMA node has 4 free."""
+    from agent.dra.allocator import build_node_state, explain, parse_claim
+    from agent.explain import render_table
+    from agent.sim.allocation import claim_from_request, decide, read_cluster
+
+    request, constraints = CLAIM_SPECS["four-gpus"]
+    manifest = claim_from_request(
+        "four-more", request, namespace=NAMESPACE, constraints=constraints
+    )
+    async with access.session() as session:
+        view = await read_cluster(session, node)
+    outcome = decide(view, manifest)
+    if outcome.fits or not any("numaNode" in reason for reason in outcome.reasons):
+        raise DemoFailed(f"a third 4-GPU claim should not fit one NUMA node: {outcome.reasons}")
+    state = build_node_state(node, view.slices, view.claims)
+    report = explain(parse_claim(manifest, view.classes), state, outcome)
+    say("   gpu-dra-agent explain on a third claim for 4 H100s on one NUMA node (exit status 1):")
+    for line in render_table(report).splitlines():
+        say(f"     {line}" if line else "")
 
 
 async def _gpu_health(server: Any, kubelet: Any, node: str, plugin_dir: Path) -> None:

@@ -208,22 +208,24 @@ def _request_reason(claim: ParsedClaim, request: Request, checks: list[DeviceChe
         need = len(selected)
     else:
         need = request.count
-        if len(usable) < need:
-            return f"needs {need} device(s), {len(usable)} available" + (
-                f" ({summary})" if summary else ""
-            )
     applying = [c for c in claim.constraints if c.applies_to(request)]
+    best = need
+    names = " and ".join(k.match_attribute for k in applying)
     if applying:
         groups = Counter(
             tuple(c.device.attribute(k.match_attribute) for k in applying) for c in usable
         )
         best = max((n for key, n in groups.items() if None not in key), default=0)
-        names = " and ".join(k.match_attribute for k in applying)
-        if best < need:
-            return (
-                f"needs {need} device(s) with equal {names}; {len(usable)} available, "
-                f"at most {best} of them share those values"
-            )
+    if len(usable) < need:
+        text = f"needs {need} device(s), {len(usable)} available" + (
+            f" ({summary})" if summary else ""
+        )
+        return text + (f"; at most {best} of them share {names}" if applying else "")
+    if best < need:
+        return (
+            f"needs {need} device(s) with equal {names}; {len(usable)} available, "
+            f"at most {best} of them share those values"
+        )
     if any(c.counters for c in usable):
         return f"the {len(usable)} available device(s) together exceed the shared counters"
     return ""
