@@ -6,7 +6,11 @@ pump has a limiter of its own; the wait's timeout is short (0.5 s) so that a can
 promptly. After the first event of a wakeup the pump drains what else is pending without waiting,
 so an event storm reaches the health state machine in a few large batches, not one hop per event.
 
-A GPU whose registration fails is reported ``UNMONITORED``, never skipped silently. When the wait
+A GPU whose registration fails is reported ``UNMONITORED``, never skipped silently, and its
+registration is retried into the same event set on a timer with exponential backoff (1 s doubling
+to 60 s by default), so it becomes ``MONITORED`` again (and loses its taint) as soon as NVML lets
+it register, without waiting for the set to be rebuilt for another reason. A GPU that does not
+report XID events at all is not retried: that is what it is, not a failure. When the wait
 answers GPU_IS_LOST (or an event's device cannot be read) the pump probes every watched GPU,
 reports the ones that no longer answer as ``GPU_LOST`` and builds a fresh event set without them:
 a set keeps answering GPU_IS_LOST while it holds a lost GPU, and NVML cannot unregister one. A GPU
@@ -44,6 +48,9 @@ DEFAULT_WAIT_TIMEOUT = 0.5
 DEFAULT_MAX_BATCH = 4096
 #: Least time between two event set builds: a failing NVML must not turn the pump into a busy loop.
 DEFAULT_REBUILD_INTERVAL = 1.0
+#: First retry of a failed registration (or event set creation), doubling up to the maximum.
+DEFAULT_RETRY_INITIAL = 1.0
+DEFAULT_RETRY_MAX = 60.0
 
 EventSink = Callable[[Sequence[HealthEvent]], None]
 
@@ -64,7 +71,13 @@ class EventPump:
         wait_timeout: float = DEFAULT_WAIT_TIMEOUT,
         max_batch: int = DEFAULT_MAX_BATCH,
         rebuild_interval: float = DEFAULT_REBUILD_INTERVAL,
+        retry_initial: float = DEFAULT_RETRY_INITIAL,
+        retry_max: float = DEFAULT_RETRY_MAX,
     ) -> None:
+        if not 0 < retry_initial <= retry_max:
+            raise ValueError(
+                f"retry_initial ({retry_initial}) must be > 0 and <= retry_max ({retry_max})"
+            )
         self._gpus = {g.uuid: g for g in gpus}
         self._wait_ms = max(1, int(wait_timeout * 1000))
         self._max_batch = max_batch
@@ -76,6 +89,10 @@ class EventPump:
         self._rebuild = True
         self._rebuild_interval = rebuild_interval
         self._built_at: float | None = None
+        self._failed: set[str] = set()  # registration failed: retried into the current set
+        self._retry = (retry_initial, retry_max)
+        self._retry_delay = retry_initial
+        self._retry_at: float | None = None
         #: Batches handed to the sink and events in them (for tests and benchmarks).
         self.batches = 0
         self.events = 0
@@ -98,11 +115,16 @@ class EventPump:
                     await self._pace_rebuild()
                     self._rebuild = False
                     self._deliver(sink, await self._in_thread(self._build_set))
+                    self._schedule_retry(reset=True)
                 if self._event_set is None:  # NVML could not create one: try again later
+                    await anyio.sleep(max(0.0, (self._retry_at or 0.0) - anyio.current_time()))
                     self._rebuild = True
                     continue
                 batch = await self._in_thread(self._wait_batch)
                 self._deliver(sink, batch)
+                if self._failed and not self._rebuild and self._retry_due_now():
+                    self._deliver(sink, await self._in_thread(self._retry_failed))
+                    self._schedule_retry(reset=False)
         finally:
             with anyio.CancelScope(shield=True):
                 await self._in_thread(self._free_set)
@@ -112,6 +134,19 @@ class EventPump:
         if self._built_at is not None:
             await anyio.sleep(max(0.0, self._built_at + self._rebuild_interval - now))
         self._built_at = anyio.current_time()
+
+    def _schedule_retry(self, *, reset: bool) -> None:
+        """After a build (``reset``) or a retry: when to try the failed registrations again."""
+        if not (self._failed or self._event_set is None):
+            self._retry_delay, self._retry_at = self._retry[0], None
+            return
+        if reset and self._event_set is not None:
+            self._retry_delay = self._retry[0]
+        self._retry_at = anyio.current_time() + self._retry_delay
+        self._retry_delay = min(self._retry_delay * 2, self._retry[1])
+
+    def _retry_due_now(self) -> bool:
+        return self._retry_at is not None and anyio.current_time() >= self._retry_at
 
     def _deliver(self, sink: EventSink, events: list[HealthEvent]) -> None:
         if events:
@@ -129,6 +164,7 @@ class EventPump:
         self._free_set()
         self._handles.clear()
         self._watched.clear()
+        self._failed.clear()
         try:
             self._event_set = pynvml.nvmlEventSetCreate()
         except pynvml.NVMLError as err:
@@ -147,22 +183,42 @@ class EventPump:
             events.append(event)
         return events
 
+    def _retry_failed(self) -> list[HealthEvent]:
+        """Register the GPUs whose registration failed into the current set, once more."""
+        if self._event_set is None:
+            return []
+        events = [self._register(self._gpus[uuid]) for uuid in sorted(self._failed)]
+        for event in events:
+            if event.kind is EventKind.MONITORED:
+                log.info("GPU %s is watched for health events again", event.gpu_uuid)
+        return events
+
     def _register(self, gpu: WatchedGpu) -> HealthEvent:
         try:
             handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
             supported = pynvml.nvmlDeviceGetSupportedEventTypes(handle)
             mask = WANTED_EVENTS & supported
             if not mask & pynvml.nvmlEventTypeXidCriticalError:
+                self._failed.discard(gpu.uuid)  # a property of the GPU: retrying cannot help
                 return HealthEvent(
                     gpu.uuid, EventKind.UNMONITORED, detail="the GPU does not report XID events"
                 )
             pynvml.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
         except pynvml.NVMLError as err:
             if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
+                self._failed.discard(gpu.uuid)
                 self._excluded.add(gpu.uuid)
                 return HealthEvent(gpu.uuid, EventKind.GPU_LOST, detail="while registering events")
-            log.warning("cannot watch GPU %d (%s) for health events: %s", gpu.index, gpu.uuid, err)
+            if gpu.uuid not in self._failed:
+                log.warning(
+                    "cannot watch GPU %d (%s) for health events: %s; retrying with backoff",
+                    gpu.index,
+                    gpu.uuid,
+                    err,
+                )
+            self._failed.add(gpu.uuid)
             return HealthEvent(gpu.uuid, EventKind.UNMONITORED, detail=f"NVML: {err}")
+        self._failed.discard(gpu.uuid)
         self._handles[_pointer(handle)] = gpu.uuid
         self._watched.add(gpu.uuid)
         return HealthEvent(gpu.uuid, EventKind.MONITORED)

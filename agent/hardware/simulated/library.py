@@ -8,6 +8,7 @@ return NVML return codes. Tests and the simulation mode inject faults through th
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections import Counter, deque
@@ -17,6 +18,7 @@ from typing import Any
 import pynvml
 
 from agent.hardware.simulated import capi_device, capi_events, capi_fields, capi_mig
+from agent.hardware.simulated.cabi import handle_value
 from agent.hardware.simulated.events import (
     EVENT_DOUBLE_BIT_ECC,
     EVENT_SINGLE_BIT_ECC,
@@ -73,6 +75,7 @@ class SimulatedNvmlLibrary:
         self.init_count = 0
         self.calls: Counter[str] = Counter()
         self._failures: dict[str, deque[int]] = {}
+        self._gpu_failures: dict[tuple[str, int], deque[int]] = {}  # (function, GPU handle)
         self._latency: dict[str | None, float] = {}
         self._mig_listeners: list[Callable[[], None]] = []
         for module in (capi_device, capi_mig, capi_events, capi_fields):
@@ -150,10 +153,20 @@ class SimulatedNvmlLibrary:
             gpu.recovery_action = RECOVERY_ACTION_NONE
             self.changed.notify_all()
 
-    def fail_next(self, function: str, error: int, count: int = 1) -> None:
-        """Make the next ``count`` calls of the C function ``function`` return ``error``."""
+    def fail_next(
+        self, function: str, error: int, count: int = 1, gpu_index: int | None = None
+    ) -> None:
+        """Make the next ``count`` calls of the C function ``function`` return ``error``.
+
+        With ``gpu_index``, only the calls whose first argument is that GPU's handle fail (a
+        fault of one GPU, whatever the order in which the GPUs are called).
+        """
         with self.lock:
-            self._failures.setdefault(function, deque()).extend([error] * count)
+            if gpu_index is None:
+                self._failures.setdefault(function, deque()).extend([error] * count)
+            else:
+                key = (function, self.state.gpus[gpu_index].handle)
+                self._gpu_failures.setdefault(key, deque()).extend([error] * count)
 
     def set_latency(self, seconds: float, function: str | None = None) -> None:
         """Delay every call (``function=None``) or the calls of one C function."""
@@ -197,6 +210,8 @@ class SimulatedNvmlLibrary:
         with self.lock:
             self.calls[name] += 1
             failures = self._failures.get(name)
+            if not failures and self._gpu_failures and args:
+                failures = self._gpu_failures.get((name, _handle_or_zero(args[0])))
             if failures:
                 return failures.popleft()
             if name not in _NEEDS_NO_INIT and self.init_count == 0:
@@ -206,6 +221,14 @@ class SimulatedNvmlLibrary:
             except NvmlReturn as returned:
                 return returned.code
             return NVML_SUCCESS if result is None else result
+
+
+def _handle_or_zero(arg: Any) -> int:
+    """The handle value of a call's first argument, or 0 when it is not a handle."""
+    try:
+        return handle_value(arg)
+    except (TypeError, ctypes.ArgumentError):
+        return 0
 
 
 def _owning_gpu(obj: object) -> SimGpu | None:

@@ -151,3 +151,60 @@ async def test_no_event_set_means_unmonitored_then_a_retry(host: SimulatedHost) 
         group.cancel_scope.cancel()
     assert seen.kinds(uuid(host, 0)) == [EventKind.UNMONITORED, EventKind.MONITORED]
     assert "could not create an event set" in seen.events[0].detail
+
+
+async def test_failed_registration_is_retried_on_a_timer_until_it_succeeds(
+    host: SimulatedHost,
+) -> None:
+    """GPU 2 fails to register twice (at the build and at the first retry), then registers: the
+    pump reports it UNMONITORED, then MONITORED, with no rebuild of the event set, and its
+    events arrive from then on."""
+    host.library.fail_next(
+        "nvmlDeviceRegisterEvents", pynvml.NVML_ERROR_UNKNOWN, count=2, gpu_index=2
+    )
+    gpus = [WatchedGpu(i, g.spec.uuid) for i, g in enumerate(host.library.state.gpus)]
+    pump = EventPump(gpus, wait_timeout=0.05, retry_initial=0.1, retry_max=1.0)
+    seen = Collected()
+    async with anyio.create_task_group() as group:
+        group.start_soon(pump.run, seen)
+        await seen.wait(lambda: len(pump.watched) == 8)
+        host.library.inject_xid(2, 62)
+        await seen.wait(lambda: EventKind.XID in seen.kinds(uuid(host, 2)))
+        group.cancel_scope.cancel()
+    assert seen.kinds(uuid(host, 2)) == [
+        EventKind.UNMONITORED,
+        EventKind.UNMONITORED,
+        EventKind.MONITORED,
+        EventKind.XID,
+    ]
+    assert seen.kinds(uuid(host, 3)) == [EventKind.MONITORED]  # the others are not touched
+    assert host.library.calls["nvmlEventSetCreate"] == 1
+    assert host.library.calls["nvmlDeviceRegisterEvents"] == 8 + 2
+
+
+async def test_registration_retries_back_off(host: SimulatedHost) -> None:
+    """A GPU that keeps failing is retried at growing intervals (0.1, 0.2, 0.4, 0.4 ... s), not
+    at a fixed rate: in 1.6 s that is at most 6 attempts where a fixed 0.1 s would make 16."""
+    host.library.fail_next(
+        "nvmlDeviceRegisterEvents", pynvml.NVML_ERROR_UNKNOWN, count=1000, gpu_index=0
+    )
+    pump = EventPump(
+        [WatchedGpu(0, uuid(host, 0))], wait_timeout=0.02, retry_initial=0.1, retry_max=0.4
+    )
+    seen = Collected()
+    async with anyio.create_task_group() as group:
+        group.start_soon(pump.run, seen)
+        await seen.wait(lambda: len(seen.events) >= 1)
+        await anyio.sleep(1.6)
+        group.cancel_scope.cancel()
+    attempts = host.library.calls["nvmlDeviceRegisterEvents"]
+    assert 3 <= attempts <= 7
+    assert set(seen.kinds(uuid(host, 0))) == {EventKind.UNMONITORED}
+    assert len(seen.events) == attempts
+
+
+def test_retry_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="retry_initial"):
+        EventPump([], retry_initial=0)
+    with pytest.raises(ValueError, match="retry_max"):
+        EventPump([], retry_initial=2.0, retry_max=1.0)
