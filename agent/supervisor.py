@@ -14,6 +14,7 @@ the restart harmless. Nothing is fire-and-forget.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from agent.config import AgentConfig
 from agent.errors import AgentError
+from agent.health.policy import HealthPolicy
 from agent.notify import SystemdNotifier, announce_ready
 from agent.telemetry.meter_provider import configure_metrics, serve_metrics, shutdown_metrics
 from agent.telemetry.tracing import configure_tracing, shutdown_tracing
@@ -157,6 +159,7 @@ class Supervisor:
         api_client = await create_api_client(config.kubeconfig)
         stack.push_async_callback(api_client.close)
         node_uid = await _node_uid(api_client, config.node_name)
+        health_policy = await _health_policy_for_server(api_client, config.health)
         events = ApiEventPoster(api_client, config.node_name, node_uid=node_uid)
 
         claim_reader = ApiClaimReader(api_client)
@@ -203,7 +206,7 @@ class Supervisor:
             health = build_health(
                 nvml=session.nvml,
                 inventory=inventory,
-                policy=config.health,
+                policy=health_policy,
                 node_name=config.node_name,
                 publisher=publisher,
                 events=events,
@@ -257,6 +260,27 @@ class _Started:
 
     def started(self, value: None = None) -> None:
         self._on_started(value)
+
+
+async def _health_policy_for_server(api_client: Any, policy: HealthPolicy) -> HealthPolicy:
+    """``policy`` with the ``unmonitored`` taint effect the API server accepts (``None`` from
+    1.35 on, else ``NoSchedule``; an unreadable version gets ``NoSchedule``, valid everywhere)."""
+    from agent.health.policy import unmonitored_effect_for
+    from agent.kube.rawapi import RawSliceApi
+
+    version: tuple[int, int] | None = None
+    try:
+        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
+            version = await RawSliceApi(api_client).read_server_version()
+    except Exception as err:  # best effort: the safe effect is valid on every version
+        log.warning("could not read the API server's version: %s", err)
+    effect = unmonitored_effect_for(version)
+    log.info(
+        "API server %s: the unmonitored taint's effect is %s",
+        "version unknown" if version is None else f"v{version[0]}.{version[1]}",
+        effect,
+    )
+    return dataclasses.replace(policy, unmonitored_effect=effect)
 
 
 async def _node_uid(api_client: Any, node_name: str) -> str | None:

@@ -10,6 +10,13 @@ healthy again only once NVML reports that no recovery action is pending
 (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``). Why each one needs a reset is in :data:`RESET_XIDS`.
 Every other XID not ignored is tainted ``NoSchedule`` and clears after a quarantine without
 recurrence.
+
+A GPU whose events cannot be watched gets the ``unmonitored`` taint. Its effect depends on the
+API server: ``None`` (informational: the GPU is not known to be broken, so it stays schedulable)
+exists from Kubernetes 1.35 on, and a 1.34 API server rejects a slice that uses it, which would
+leave every device of the node unpublished. On 1.34, and whenever the version is unknown, the
+taint is ``NoSchedule``, which every supported version accepts (kubelet-dra-protocol.md §4,
+DeviceTaint): :func:`unmonitored_effect_for` chooses.
 """
 
 from __future__ import annotations
@@ -64,8 +71,9 @@ class HealthPolicy:
     """The health settings (``health-*`` keys of the config file).
 
     ``xid_actions`` holds the XIDs with an action of their own; any other XID gets
-    ``default_xid_action``. ``unmonitored_effect`` is ``None`` by default (the taint informs and
-    keeps scheduling possible: a GPU we cannot watch is not known to be broken).
+    ``default_xid_action``. ``unmonitored_effect`` is ``NoSchedule`` by default, the one
+    effect every supported API server accepts; the supervisor sets ``None`` on 1.35+
+    (:func:`unmonitored_effect_for`).
     """
 
     xid_actions: Mapping[int, XidAction] = field(default_factory=_default_actions)
@@ -75,7 +83,7 @@ class HealthPolicy:
     #: A recovery-action poll earlier than this after the last fault could beat the driver to
     #: scheduling its action, and would clear too soon.
     reset_hold_seconds: float = 2.0
-    unmonitored_effect: str = "None"
+    unmonitored_effect: str = "NoSchedule"
     #: What the health stream tells the kubelet (it resends every 10 s, so 3 x margin).
     health_check_timeout_seconds: int = 30
 
@@ -86,6 +94,22 @@ class HealthPolicy:
     def needs_reset(xid: int) -> bool:
         """Whether the XID clears only when NVML reports no pending recovery action."""
         return xid in RESET_XIDS
+
+
+#: The first Kubernetes version whose API server accepts the taint effect ``None``.
+EFFECT_NONE_SINCE = (1, 35)
+
+
+def unmonitored_effect_for(server_version: tuple[int, int] | None) -> str:
+    """The effect of the ``unmonitored`` taint for an API server of ``(major, minor)``.
+
+    ``None`` where the server accepts it (1.35+): the taint then informs without keeping pods
+    off a GPU that is probably fine. ``NoSchedule`` on 1.34 and when the version is unknown: a
+    rejected effect would fail the whole slice write.
+    """
+    if server_version is not None and server_version >= EFFECT_NONE_SINCE:
+        return "None"
+    return "NoSchedule"
 
 
 def parse_xid_actions(text: str) -> dict[int, XidAction]:

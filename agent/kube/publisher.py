@@ -34,6 +34,7 @@ from agent.dra.model import DraDevice
 from agent.dra.slices import build_slices, layout, slice_differences
 from agent.kube.backoff import Backoff, is_transient, retry_after
 from agent.kube.dropped import describe, probable_gates
+from agent.kube.nodewatch import NodeWatcher
 from agent.kube.rawapi import ApiStatusError, RawSliceApi
 from agent.kube.sliceplan import SlicePlan, canonical, plan_pool
 from agent.kube.slicewatch import SliceWatcher, resource_version
@@ -107,6 +108,15 @@ class SlicePublisher:
         self._event_window = event_window
         self._due: float | None = None
         self._node_uid = node_uid
+        #: Follows the Node's uid: a recreated Node gets its slices re-owned within one pass.
+        self._node_watcher = NodeWatcher(
+            self._api,
+            node_name,
+            on_uid=self._node_uid_changed,
+            uid=node_uid,
+            watch_timeout=watch_timeout,
+            backoff=Backoff(initial=retry_initial, maximum=retry_max),
+        )
         self._devices: tuple[DraDevice, ...] | None = None
         self._dirty = False
         self._wake: anyio.Event | None = None
@@ -150,12 +160,19 @@ class SlicePublisher:
         """Watch and reconcile until cancelled; the slices are left in place on exit."""
         async with anyio.create_task_group() as group:
             group.start_soon(self._watcher.run)
+            group.start_soon(self._node_watcher.run)
             await self._reconcile_loop()
 
     # -- the loop --------------------------------------------------------------------------
 
     def _slices_changed(self) -> None:
         self._trigger(self._event_window)
+
+    def _node_uid_changed(self, uid: str) -> None:
+        """The Node was (re)created: the slices' ownerReferences must name its new uid."""
+        if uid != self._node_uid:
+            self._node_uid = uid
+            self._trigger(self._event_window)
 
     def _trigger(self, window: float) -> None:
         """Ask for a pass at most ``window`` seconds from now; later triggers join it."""
@@ -203,7 +220,7 @@ class SlicePublisher:
                     delay = max(delay, self._retry[1])
                     log.error(
                         "publishing ResourceSlices failed: %r; check the agent's RBAC "
-                        "(resourceslices create/update/delete, nodes get) and admission "
+                        "(resourceslices create/update/delete, nodes get/list/watch) and admission "
                         "policies; retrying in %.2f s",
                         error,
                         delay,

@@ -16,6 +16,7 @@ the slice watcher wants to decide each of those itself.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -45,18 +46,27 @@ class WatchExpiredError(ApiStatusError):
 
 
 class RawSliceApi:
-    """The few ResourceSlice and Node calls the publisher makes, on one shared ApiClient."""
+    """The few ResourceSlice, Node and version calls the publisher and the supervisor make, on
+    one shared ApiClient."""
 
     def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
         from kubernetes_asyncio import client
 
         self._slices = client.ResourceV1Api(api_client)
         self._core = client.CoreV1Api(api_client)
+        self._version = client.VersionApi(api_client)
         self.request_timeout = request_timeout
 
     async def read_node_uid(self, node_name: str) -> str:
         node = await self._call(self._core.read_node, node_name)
         return str(node["metadata"]["uid"])
+
+    async def list_nodes(self, field_selector: str) -> Obj:
+        return await self._call(self._core.list_node, field_selector=field_selector)
+
+    async def read_server_version(self) -> tuple[int, int]:
+        """The API server's (major, minor) from ``/version``; ValueError when unreadable."""
+        return parse_server_version(await self._call(self._version.get_code))
 
     async def list(self, field_selector: str) -> Obj:
         return await self._call(self._slices.list_resource_slice, field_selector=field_selector)
@@ -77,9 +87,15 @@ class RawSliceApi:
         )
 
     async def watch(
-        self, field_selector: str, resource_version: str, timeout_seconds: int
+        self,
+        field_selector: str,
+        resource_version: str,
+        timeout_seconds: int,
+        *,
+        nodes: bool = False,
     ) -> AsyncGenerator[Obj, None]:
-        """The events of one watch request, until the server ends it.
+        """The events of one watch request (of ResourceSlices, or of Nodes with ``nodes``),
+        until the server ends it.
 
         Raises :class:`WatchExpiredError` for 410 (as HTTP status or ERROR event) and
         :class:`ApiStatusError` for other failures. A silent connection is noticed when no
@@ -89,7 +105,8 @@ class RawSliceApi:
             total=None, sock_connect=self.request_timeout, sock_read=timeout_seconds + 30
         )
         with anyio.fail_after(self.request_timeout):
-            response: Any = await self._slices.list_resource_slice(
+            list_method = self._core.list_node if nodes else self._slices.list_resource_slice
+            response: Any = await list_method(
                 field_selector=field_selector,
                 watch=True,
                 allow_watch_bookmarks=True,
@@ -130,6 +147,22 @@ class RawSliceApi:
         if not isinstance(decoded, dict):
             raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")
         return decoded
+
+
+def parse_server_version(info: Obj) -> tuple[int, int]:
+    """(major, minor) of a ``/version`` document: from ``gitVersion`` (``v1.34.2-eks-1``), else
+    from ``major``/``minor`` (managed clusters write ``"34+"``). ValueError names what it got."""
+    match = re.match(r"v?(\d+)\.(\d+)", str(info.get("gitVersion") or ""))
+    if match is not None:
+        return int(match[1]), int(match[2])
+    major = re.match(r"\d+", str(info.get("major") or ""))
+    minor = re.match(r"\d+", str(info.get("minor") or ""))
+    if major is None or minor is None:
+        raise ValueError(
+            f"the API server's /version names no version: gitVersion {info.get('gitVersion')!r},"
+            f" major {info.get('major')!r}, minor {info.get('minor')!r}"
+        )
+    return int(major[0]), int(minor[0])
 
 
 def _status_error(code: int, body: bytes, headers: Any) -> ApiStatusError:

@@ -182,8 +182,11 @@ def _with_generation(want: Obj, generation: int) -> Obj:
 def _update_body(want: Obj, have: Obj, generation: int) -> Obj:
     target = _with_generation(want, generation)
     metadata = copy.deepcopy(have.get("metadata") or {})
-    owners = list(metadata.get("ownerReferences") or [])
-    for mine in (want.get("metadata") or {}).get("ownerReferences") or []:
+    wanted = (want.get("metadata") or {}).get("ownerReferences") or []
+    # A reference to an earlier object of the same name (a Node deleted and registered again)
+    # is replaced, not kept: only one reference may be the controller, and the old one is gone.
+    owners = [ref for ref in metadata.get("ownerReferences") or [] if not _stale(ref, wanted)]
+    for mine in wanted:
         if not any(ref.get("uid") == mine.get("uid") for ref in owners):
             owners.append(mine)
     if owners:
@@ -194,6 +197,15 @@ def _update_body(want: Obj, have: Obj, generation: int) -> Obj:
         "metadata": metadata,
         "spec": target["spec"],
     }
+
+
+def _stale(ref: Mapping[str, Any], wanted: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``ref`` names an object we want as owner, but an earlier one (another uid)."""
+    same = ("apiVersion", "kind", "name")
+    return any(
+        all(ref.get(k) == mine.get(k) for k in same) and ref.get("uid") != mine.get("uid")
+        for mine in wanted
+    )
 
 
 def _name(obj: Mapping[str, Any]) -> str:

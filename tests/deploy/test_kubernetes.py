@@ -238,7 +238,7 @@ def test_rbac_is_least_privilege() -> None:
         ("resource.k8s.io", "resourceslices", v)
         for v in ("get", "list", "watch", "create", "update", "patch", "delete")
     }
-    expected |= {("", "nodes", "get")}
+    expected |= {("", "nodes", v) for v in ("get", "list", "watch")}
     assert granted == expected
     events = find(objects, "Role", "gpu-dra-agent-events")
     assert events["metadata"]["namespace"] == "default"  # where the agent posts Node events

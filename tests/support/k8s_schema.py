@@ -99,6 +99,22 @@ def schema_errors(obj: Mapping[str, Any], version: str) -> list[SchemaError]:
     return sorted(found, key=lambda error: (error.path, error.message))
 
 
+def taint_effects(version: str) -> frozenset[str]:
+    """The DeviceTaint effects the API server of ``version`` accepts.
+
+    The schema types ``effect`` as a free string (the server validates it), but its description
+    names the valid effects ("Valid effects are None, NoSchedule and NoExecute."); they are read
+    from there, so they follow the bundled schemas rather than a list written here.
+    """
+    definitions = json.loads((_schema_dir(version) / "_definitions.json").read_text())["$defs"]
+    [taint] = [d for name, d in definitions.items() if name.endswith("resource.v1.DeviceTaint")]
+    text = str(taint["properties"]["effect"].get("description", ""))
+    match = re.search(r"Valid effects are ([A-Za-z, ]+?)\.", text)
+    if match is None:
+        raise ValueError(f"Kubernetes {version}: no valid DeviceTaint effects in {text!r}")
+    return frozenset(re.split(r",\s*|\s+and\s+", match[1].strip()))
+
+
 def validate(obj: Mapping[str, Any], version: str) -> None:
     """Raise SchemaValidationFailed listing every error when ``obj`` is invalid."""
     errors = schema_errors(obj, version)

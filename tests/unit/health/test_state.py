@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from agent.dra.model import DeviceTaint
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.health.policy import HealthPolicy, XidAction, policy_with
@@ -153,10 +155,14 @@ def test_mig_devices_follow_their_parent_but_a_mig_xid_stays_on_its_device() -> 
     assert health(sm)[MIG_1] is Health.UNHEALTHY
 
 
-def test_unmonitored_gpu_is_unknown_with_effect_none_until_registered() -> None:
-    sm = machine()
+@pytest.mark.parametrize("effect", ["NoSchedule", "None"])
+def test_unmonitored_gpu_is_unknown_with_the_policys_effect_until_registered(effect: str) -> None:
+    sm = machine(HealthPolicy(unmonitored_effect=effect))
     [t] = sm.observe([HealthEvent(B, EventKind.UNMONITORED, detail="NVML: Not Supported")], T0)
-    assert t.taint == "gpu.nvidia.com/unmonitored:None"
+    assert t.taint == f"gpu.nvidia.com/unmonitored:{effect}"
+    assert [(d.key, d.effect) for d in sm.taints()["gpu-1"]] == [
+        ("gpu.nvidia.com/unmonitored", effect)
+    ]
     status = {s.name: s for s in sm.statuses()}["gpu-1"]
     assert status.health is Health.UNKNOWN and "Not Supported" in status.message
     assert sm.observe([HealthEvent(B, EventKind.MONITORED)], T0 + 1)[0].change == "removed"

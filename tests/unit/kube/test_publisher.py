@@ -211,7 +211,7 @@ async def test_nothing_is_published_before_set_devices(
 ) -> None:
     publisher = make_publisher(api_client)
     async with running(publisher):
-        await eventually(lambda: apiserver.open_watches() == 1, 5)
+        await eventually(lambda: apiserver.open_watches(SLICES_PATH) == 1, 5)
         assert not publisher.converged
         publisher.set_devices([])
         with anyio.fail_after(5):

@@ -152,6 +152,24 @@ def test_missing_owner_reference_is_added() -> None:
     assert update[0]["metadata"]["ownerReferences"][0]["uid"] == UID
 
 
+def test_owner_of_a_recreated_node_replaces_the_old_one() -> None:
+    """A Node registered again has a new uid: the reference to the old Node goes (two
+    controller references are invalid), other owners stay."""
+    other = {"apiVersion": "example.com/v1", "kind": "Keeper", "name": "k", "uid": "keeper-1"}
+    have = stored(desired(200), 1)  # two slices
+    for obj in have.values():
+        [ref] = obj["metadata"]["ownerReferences"]
+        obj["metadata"]["ownerReferences"] = [{**ref, "uid": "node-uid-0"}, other]
+    result = plan(desired(200), have)
+    assert len(result.updates) == 2 and not result.creates and not result.deletes
+    for body, _ in result.updates:
+        assert body["metadata"]["ownerReferences"] == [
+            other,
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID, "controller": True},
+        ]
+    assert plan(desired(200), apply(have, result)).empty
+
+
 def test_generation_never_goes_below_what_was_published() -> None:
     assert plan(desired(4), {}, generation_floor=7).generation == 8
     assert plan(desired(4), stored(desired(4), 3), generation_floor=7).generation == 8
