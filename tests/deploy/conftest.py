@@ -27,7 +27,9 @@ VERSIONS = ("1.34", "1.35")
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
-        pytest.fail(f"{name} is not installed; the deployment tests need it (make tools says how to install it)")
+        pytest.fail(
+            f"{name} is not installed; the deployment tests need it (make tools says how to install it)"
+        )
     return path
 
 
