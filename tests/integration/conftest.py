@@ -35,8 +35,10 @@ from anyio.abc import Process
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint import ClaimState, from_dict
 from agent.node.checkpoint_store import FILE_NAME as CHECKPOINT_FILE
+from agent.sim.allocation import ApiAccess, claim_from_request, create_and_allocate_claim
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, PodReference, create_allocated_claim
+from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 
 NODE = "node-a"
@@ -244,6 +246,22 @@ class AgentHarness:
         )
         return ClaimRef(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"])
 
+    async def allocate(
+        self,
+        request: Mapping[str, Any],
+        *,
+        name: str | None = None,
+        constraints: Sequence[dict[str, Any]] = (),
+    ) -> tuple[ClaimRef, dict[str, Any]]:
+        """Create a claim with one ``request`` (name plus ``exactly`` or ``firstAvailable``)
+        and have the allocator pick its devices, as kube-scheduler would; returns the
+        kubelet's view and the stored claim."""
+        self._claims += 1
+        name = name or f"claim-{self._claims}"
+        manifest = claim_from_request(name, request, namespace=NAMESPACE, constraints=constraints)
+        created = await create_and_allocate_claim(ApiAccess(self.server.url), manifest, NODE)
+        return ClaimRef(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"]), created
+
     async def prepare(self, *claims: ClaimRef) -> dict[str, Any]:
         return await self.kubelet.prepare(DRIVER, list(claims))
 
@@ -287,6 +305,8 @@ async def fresh_harness(workdir: Path) -> AsyncIterator[AgentHarness]:
     """API server (with this node's Node) and kubelet emulator; no agent running yet."""
     async with EmbeddedApiServer() as server:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        for device_class in default_device_classes():
+            server.put_object(device_class)
         async with KubeletEmulator(workdir / "registry", node_name=NODE, poll_interval=0.05) as kl:
             harness = AgentHarness(workdir, server, kl)
             try:

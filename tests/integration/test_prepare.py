@@ -33,12 +33,22 @@ async def test_slices_are_published(harness: AgentHarness) -> None:
 
 
 async def test_prepare_one_gpu(harness: AgentHarness) -> None:
-    ref = await harness.claim(["gpu-0"])
+    # one H100 with 80Gi, as a user asks for it; the allocator (as kube-scheduler) picks it
+    memory = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": memory}}],
+        },
+    }
+    ref, claim = await harness.allocate(request)
+    [chosen] = claim["status"]["allocation"]["devices"]["results"]
     results = await harness.prepare(ref)
     result = results[ref.uid]
     assert result.error == ""
     [device] = result.devices
-    assert (device.pool_name, device.device_name) == (NODE, "gpu-0")
+    assert (device.pool_name, device.device_name) == (NODE, chosen["device"])
     assert device.request_names == ["gpu"]
     assert any(ref.uid in cdi_id for cdi_id in device.cdi_device_ids)
     assert harness.cdi_spec_path(ref.uid).exists()
