@@ -1,0 +1,252 @@
+"""A real Prometheus scrapes the real agent: every documented metric arrives, exemplars carry
+the kubelet's trace id, and every PromQL expression of the shipped dashboard returns data.
+
+Prometheus is Debian's ``prometheus`` package (``/usr/bin/prometheus``), started here on
+127.0.0.1 with its own port, configuration and data directory, exemplar storage on and a 1 s
+scrape interval. Without the binary the test is skipped, except under CI (``CI=true``), where
+it fails: CI installs the package (.ci/run). Before Prometheus starts, the agent has served a
+prepare (sent with a sampled ``traceparent``), an unprepare, a claim error, a slice publish and
+an injected XID 79; tracing exports to a closed port with a one-span queue, so spans are
+dropped and counted too. The API server fails the taint's slice write once and ends the slice
+watch, for the publish error and watch restart counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry import trace
+
+from agent.telemetry.metrics import PROCESS_NAMES, PROMETHEUS_NAMES
+from tests.integration.conftest import DRIVER, AgentHarness
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).resolve().parents[2]
+DASHBOARD = ROOT / "deploy" / "observability" / "grafana" / "dashboards" / "gpu-dra-agent.json"
+PROMETHEUS = "/usr/bin/prometheus"
+HISTOGRAMS = {n for n in PROMETHEUS_NAMES if n.endswith("_seconds")}
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices*"
+TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
+#: How Grafana fills the dashboard's variables with "All" selected, at a 1 s scrape interval.
+GRAFANA_VARIABLES = {
+    "$__rate_interval": "4s",
+    "$__range": "5m",
+    "$driver": ".*",
+    "$instance": ".*",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def prometheus_binary() -> str:
+    found = shutil.which("prometheus") or (PROMETHEUS if os.path.exists(PROMETHEUS) else None)
+    if found is None:
+        message = "Prometheus is not installed (apt-get install prometheus: /usr/bin/prometheus)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+class Prometheus:
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def get(self, path: str, **params: str) -> Any:
+        query = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as response:
+            body = json.load(response)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[Any]:
+        return list(self.get("/api/v1/query", query=expr)["result"])
+
+
+@pytest.fixture
+def prometheus_for(tmp_path: Path) -> Iterator[Any]:
+    binary = prometheus_binary()
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(target: str) -> Prometheus:
+        port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            "  - job_name: gpu-dra-agent\n"
+            f"    static_configs: [{{targets: ['{target}']}}]\n"
+        )
+        log = (tmp_path / "prometheus.log").open("wb")
+        process = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--enable-feature=exemplar-storage",
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        processes.append(process)
+        server = Prometheus(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{server.url}/-/ready", timeout=2).close()
+                return server
+            except OSError:
+                assert process.poll() is None, (tmp_path / "prometheus.log").read_text()
+                assert time.monotonic() < deadline, "Prometheus did not become ready"
+                time.sleep(0.2)
+
+    yield start
+    for process in processes:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+async def sim_xid(harness: AgentHarness, gpu: int, xid: int) -> None:
+    command = [sys.executable, "-m", "agent", "sim", "xid", "--plugins-dir"]
+    command += [str(harness.plugins_dir), "--gpu", str(gpu), "--xid", str(xid)]
+    result = await anyio.run_process(command, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+
+
+async def exercise(harness: AgentHarness) -> None:
+    """A prepare (with the kubelet's trace), an unprepare, a claim error, an XID 79."""
+    await harness.wait_slices()
+    claim = await harness.claim(["gpu-1"])
+    kubelet = trace.NonRecordingSpan(
+        trace.SpanContext(TRACE_ID, 0x00F067AA0BA902B7, False, trace.TraceFlags(1))
+    )
+    with trace.use_span(kubelet):
+        result = await harness.prepare(claim)
+    assert not result[claim.uid].error, result
+    await harness.unprepare(claim)
+    bad = await harness.claim(["gpu-99"])  # no such device: a per-claim error
+    assert (await harness.prepare(bad))[bad.uid].error
+    # the XID's taint is written through a failing API server (a publish error, retried),
+    # and an ended watch is restarted
+    harness.server.faults.fail_next("PUT", SLICES_PATH, 500)
+    harness.server.faults.fail_next("PATCH", SLICES_PATH, 500)
+    await sim_xid(harness, 3, 79)
+    harness.server.end_watches(SLICES_PATH)
+
+
+async def test_prometheus_scrapes_every_documented_metric_and_the_dashboard_works(
+    fresh_harness: AgentHarness, prometheus_for: Any
+) -> None:
+    prometheus_binary()
+    port = free_port()
+    tracing = {  # spans to a closed port through a one-span queue: some are dropped
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "1",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "1",
+        "OTEL_BSP_EXPORT_TIMEOUT": "1000",
+    }
+    agent = await fresh_harness.start_agent(
+        tracing, args=["--metrics-address", f"127.0.0.1:{port}"]
+    )
+    try:
+        await exercise(fresh_harness)
+        prometheus = prometheus_for(f"127.0.0.1:{port}")
+        expected = set(PROMETHEUS_NAMES) | set(PROCESS_NAMES)
+
+        def missing() -> set[str]:
+            names = {n for n in expected if n not in HISTOGRAMS} | {
+                f"{n}_bucket" for n in HISTOGRAMS
+            }
+            found = set(prometheus.get("/api/v1/label/__name__/values"))
+            return {n for n in names if n not in found}
+
+        deadline = time.monotonic() + 30
+        while missing():  # noqa: ASYNC110
+            assert time.monotonic() < deadline, f"never scraped: {sorted(missing())}"
+            await anyio.sleep(0.5)
+        unhealthy = prometheus.query('gpu_dra_device_health{device="gpu-3",state="Unhealthy"}')
+        assert [float(r["value"][1]) for r in unhealthy] == [1.0]
+        xids = prometheus.query('gpu_dra_health_events_total{kind="xid",xid="79"}')
+        assert xids and float(xids[0]["value"][1]) >= 1
+        ok = prometheus.query(
+            f'gpu_dra_rpc_requests_total{{driver="{DRIVER}",'
+            'method="NodePrepareResources",code="OK"}'
+        )
+        assert ok and float(ok[0]["value"][1]) >= 2
+
+        # the exemplar of the prepare's latency bucket is the kubelet's trace
+        now = time.time()
+        exemplars = prometheus.get(
+            "/api/v1/query_exemplars",
+            query="gpu_dra_rpc_duration_seconds_bucket",
+            start=str(now - 300),
+            end=str(now + 60),
+        )
+        trace_ids = {e["labels"].get("trace_id") for s in exemplars for e in s["exemplars"]}
+        assert format(TRACE_ID, "032x") in trace_ids, exemplars
+
+        await anyio.sleep(3)  # a few scrapes, for the rates
+        failures = {}
+        for expr in dashboard_expressions():
+            try:
+                if not prometheus.query(expr):
+                    failures[expr] = "no data"
+            except urllib.error.HTTPError as err:
+                failures[expr] = err.read().decode()
+        assert failures == {}
+    finally:
+        assert await agent.stop() == 0, agent.log()
+
+
+def dashboard_expressions() -> list[str]:
+    """The dashboard's PromQL (and its variable queries), variables filled in as Grafana does."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", []) if "expr" in t]
+    for variable in dashboard["templating"]["list"]:
+        match = re.fullmatch(r"label_values\((.+), \w+\)", variable["query"]["query"])
+        assert match, variable
+        exprs.append(match.group(1))
+    assert len(exprs) > 15
+    filled = []
+    for expr in exprs:
+        for name, value in sorted(GRAFANA_VARIABLES.items(), key=lambda i: -len(i[0])):
+            expr = expr.replace(name, value)
+        assert "$" not in expr, expr
+        filled.append(expr)
+    return filled
+
+
+def test_the_dashboard_queries_only_documented_metrics() -> None:
+    documented = set(PROMETHEUS_NAMES) | set(PROCESS_NAMES)
+    used = set()
+    for expr in dashboard_expressions():
+        used |= set(re.findall(r"\b(gpu_dra_\w+|process_\w+)", expr))
+    used = {re.sub(r"_(bucket|count|sum)$", "", name) for name in used}
+    assert used <= documented
+    assert {"gpu_dra_rpc_duration_seconds", "gpu_dra_device_health"} <= used
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    tempo = [t for p in panels for t in p.get("targets", []) if t.get("queryType") == "traceql"]
+    assert [t["query"] for t in tempo] == [
+        '{ kind = server && span.rpc.method = "NodePrepareResources" && duration > 100ms }'
+    ]
