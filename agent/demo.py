@@ -5,13 +5,16 @@ publish ResourceSlices, prepare claims into CDI devices, clean up, and taint a G
 and untaint it once it is reset. This command starts the
 embedded API server, runs the real ``gpu-dra-agent run`` command as a subprocess on a simulated
 host, and drives it with the kubelet emulator, in a temporary directory that is removed at the
-end. It exits 0 only if every step worked, so it doubles as a smoke test.
+end. It exits 0 only if every step worked, so it doubles as a smoke test. It ends with the span
+tree of one prepare, read back from an OTLP/gRPC receiver the demo runs in-process and points
+the agent at through the standard ``OTEL_EXPORTER_OTLP_*`` variables, as a collector would be.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -119,19 +122,33 @@ def agent_command(workdir: Path, kubeconfig: Path, node_name: str, simulate: str
 
 
 async def _demo(args: argparse.Namespace, workdir: Path) -> None:
+
+    from agent.sim.otlp import GrpcOtlpReceiver
+
+    node = args.node_name
+    with GrpcOtlpReceiver() as receiver:
+        environ = {**os.environ, **receiver.environ(), "OTEL_BSP_SCHEDULE_DELAY": "100"}
+        trace_id = await _demo_steps(args, workdir, node, environ)
+        await _show_trace(receiver.sink, trace_id)
+
+
+async def _demo_steps(
+    args: argparse.Namespace, workdir: Path, node: str, environ: dict[str, str]
+) -> str:
     import anyio
 
     from agent.sim.apiserver import EmbeddedApiServer
     from agent.sim.kubelet import KubeletEmulator
 
-    node = args.node_name
     async with EmbeddedApiServer() as server:
         kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
         say(f"1. embedded Kubernetes API server at {server.url}, Node {node} created")
         command = agent_command(workdir, kubeconfig, node, args.simulate)
         with (workdir / "agent.log").open("wb") as agent_log:
-            process = await anyio.open_process(command, stdout=agent_log, stderr=agent_log)
+            process = await anyio.open_process(
+                command, stdout=agent_log, stderr=agent_log, env=environ
+            )
             try:
                 say(f"2. started the agent (pid {process.pid}) on a simulated {args.simulate}:")
                 say("   " + " ".join(["gpu-dra-agent", *command[3:]]))
@@ -142,7 +159,7 @@ async def _demo(args: argparse.Namespace, workdir: Path) -> None:
                         f"endpoint {registration.endpoint}, API {registration.dra_service}"
                     )
                     await _show_slices(server, node)
-                    await _prepare_and_unprepare(server, kubelet, node)
+                    trace_id = await _prepare_and_unprepare(server, kubelet, node)
                     await _gpu_health(server, kubelet, node, workdir / "plugins" / DRIVER)
             finally:
                 await _stop(process)
@@ -150,6 +167,24 @@ async def _demo(args: argparse.Namespace, workdir: Path) -> None:
         if left:
             raise DemoFailed(f"the agent left sockets behind: {', '.join(left)}")
         say(f"9. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
+    return trace_id
+
+
+async def _show_trace(sink: Any, trace_id: str) -> None:
+    from agent.sim.otlp import render_tree
+
+    rpc = "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
+    try:
+        spans = await sink.wait_for(
+            lambda got: any(s.trace_id == trace_id and s.name == rpc for s in got), timeout=10
+        )
+    except TimeoutError as error:
+        raise DemoFailed(f"the prepare's spans did not reach the OTLP receiver: {error}") from None
+    say(
+        "10. the first prepare as one trace (OTLP/gRPC receiver; the kubelet's span is the parent):"
+    )
+    for line in render_tree([s for s in spans if s.trace_id == trace_id]):
+        say("   " + line)
 
 
 async def _wait_registered(kubelet: Any, process: Process) -> Any:
@@ -207,7 +242,10 @@ CLAIM_SPECS: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
 }
 
 
-async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> None:
+async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> str:
+    """Steps 5-7; returns the trace id of the first prepare."""
+    from opentelemetry import trace
+
     from agent.sim.allocation import ApiAccess, claim_from_request, create_and_allocate_claim
     from agent.sim.deviceclasses import default_device_classes
     from agent.sim.kubelet import ClaimRef
@@ -229,8 +267,10 @@ async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> None:
     await _explain_does_not_fit(access, node)
 
     say("6. NodePrepareResources, as the kubelet calls it before starting the pods:")
-    for ref in refs:
-        results = await kubelet.prepare(DRIVER, [ref])
+    kubelet_span = _kubelet_span()
+    for index, ref in enumerate(refs):
+        with trace.use_span(kubelet_span if index == 0 else trace.INVALID_SPAN):
+            results = await kubelet.prepare(DRIVER, [ref])
         result = results[ref.uid]
         if result.error:
             raise DemoFailed(f"preparing {ref.name} failed: {result.error}")
@@ -249,6 +289,20 @@ async def _prepare_and_unprepare(server: Any, kubelet: Any, node: str) -> None:
             raise DemoFailed(f"unpreparing {ref.name} failed: {error}")
         say(f"   {ref.name}: unprepared")
     _show_cdi_files(Path(kubelet.registrar_dir).parent / "cdi")
+    return trace.format_trace_id(kubelet_span.get_span_context().trace_id)
+
+
+def _kubelet_span() -> Any:
+    """A sampled span standing for the kubelet's (its ids go out as ``traceparent``)."""
+    from opentelemetry import trace
+
+    context = trace.SpanContext(
+        trace_id=int.from_bytes(os.urandom(16), "big") or 1,
+        span_id=int.from_bytes(os.urandom(8), "big") or 1,
+        is_remote=False,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    return trace.NonRecordingSpan(context)
 
 
 async def _explain_does_not_fit(access: Any, node: str) -> None:

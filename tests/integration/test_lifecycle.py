@@ -70,4 +70,10 @@ async def test_demo_exits_0() -> None:
     assert "CDI device k8s.gpu.nvidia.com/" in output
     assert "ResourceSlice taint on gpu-3: gpu.nvidia.com/xid=79:NoExecute" in output
     assert "gpu-3 Healthy again" in output
+    assert "the first prepare as one trace" in output
+    tree = output.split("the first prepare as one trace")[1].splitlines()[1:]
+    assert (
+        tree[0].strip().startswith("k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources")
+    )
+    assert any(line.startswith("       resourceclaim.get") for line in tree)  # two levels down
     assert "demo finished: every step worked" in output
