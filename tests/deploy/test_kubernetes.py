@@ -41,6 +41,7 @@ def test_every_kustomization_is_found_and_builds() -> None:
         "base",
         "overlays/bare-metal",
         "overlays/host-driver",
+        "overlays/observability",
         "overlays/production",
         "overlays/simulated",
         "tenant-quota",
