@@ -130,6 +130,9 @@ def test_env_file_names_only_variables_the_agent_reads() -> None:
     values = env_file()
     known = {s.env for s in SETTINGS if s.env} | {
         "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_METRICS_EXPORTER",
         "GPU_DRA_AGENT_ARGS",
     }
     assert set(values) <= known, set(values) - known
