@@ -191,3 +191,26 @@ def test_health_settings_from_flags_beat_the_environment() -> None:
     config = load_config(vars(args), {"GPU_DRA_HEALTH_MONITORING": "true"})
     assert config.health_monitoring is False
     assert config.health.quarantine_seconds == 60
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0.0.0.0:9464", ("0.0.0.0", 9464)),
+        ("127.0.0.1:0", ("127.0.0.1", 0)),
+        (":9464", ("0.0.0.0", 9464)),
+        ("[::]:9464", ("::", 9464)),
+        ("localhost:9100", ("localhost", 9100)),
+    ],
+)
+def test_metrics_address_is_host_and_port(value: str, expected: tuple[str, int]) -> None:
+    from_flag = load_config({"node_name": "node-a", "metrics_address": value}, {})
+    from_env = load_config({"node_name": "node-a"}, {"GPU_DRA_METRICS_ADDRESS": value})
+    assert from_flag.metrics_address == from_env.metrics_address == expected
+    assert load_config({"node_name": "node-a"}, {}).metrics_address is None
+
+
+@pytest.mark.parametrize("value", ["9464", "host:", "host:http", ":70000", "::1:9464", "a b:1"])
+def test_a_bad_metrics_address_names_its_source(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"GPU_DRA_METRICS_ADDRESS .* is not a listen address"):
+        load_config({"node_name": "node-a"}, {"GPU_DRA_METRICS_ADDRESS": value})
