@@ -72,6 +72,10 @@ SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ecc": ("agent.sim.control.ecc", "inject an ECC error into a GPU of a simulated agent"),
     "gpu-lost": ("agent.sim.control.gpu_lost", "make a GPU of a simulated agent fall off the bus"),
     "recover": ("agent.sim.control.recover", "complete a GPU reset on a simulated agent's GPU"),
+    "state": (
+        "agent.sim.state_cli",
+        "print the simulated GPUs with their MIG mode and instances (works while the agent is down)",
+    ),
 }
 
 

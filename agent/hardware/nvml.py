@@ -47,11 +47,15 @@ class Nvml:
             self._limiter = anyio.CapacityLimiter(1)
         return self._limiter
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run(
+        self, fn: Callable[..., T], *args: Any, limiter: anyio.CapacityLimiter | None = None
+    ) -> T:
         """Run ``fn(*args)`` (pynvml calls, or a function making several) in the NVML thread.
 
         Its time in the thread is ``gpu_dra_nvml_call_duration_seconds{call}``: ``call`` is the
-        pynvml function's name for ``required``/``optional``, else the function's own name."""
+        pynvml function's name for ``required``/``optional``, else the function's own name.
+        ``limiter``: another limiter than the single worker's (MIG reconfigurations of
+        different GPUs, ``mig_ops``)."""
         call = functools.partial(fn, *args)
         target = args[0] if fn in (required, optional) and args else fn
         name = getattr(target, "__name__", type(target).__name__)
@@ -63,7 +67,7 @@ class Nvml:
             finally:
                 observe(NVML_CALL_DURATION, time.perf_counter() - started, call=name)
 
-        return await anyio.to_thread.run_sync(timed, limiter=self.limiter)
+        return await anyio.to_thread.run_sync(timed, limiter=limiter or self.limiter)
 
     async def init(self) -> None:
         """Initialize NVML; raises ``NvmlLibraryNotFound`` when the driver library is missing."""

@@ -86,8 +86,12 @@ def _get_mig_mode(lib: Lib, handle: Any, current: Any, pending: Any) -> None:
 
 
 def _set_mig_mode(lib: Lib, handle: Any, mode: Any, activation: Any) -> None:
-    lib.state.set_mig_mode(gpu_of(lib, handle), as_int(mode))
+    gpu = gpu_of(lib, handle)
+    before = gpu.mig_current
+    lib.state.set_mig_mode(gpu, as_int(mode))
     set_value(activation, 0)
+    if gpu.mig_current != before:
+        lib.mig_changed()
 
 
 def _gi_profile_info(lib: Lib, handle: Any, profile: Any, info: Any) -> None:

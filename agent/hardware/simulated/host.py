@@ -6,8 +6,10 @@ returned object's ``library`` to inject faults and events.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from agent.hardware.simulated import persist
 from agent.hardware.simulated.hostfs import lay_out_host, write_mig_capabilities
 from agent.hardware.simulated.install import install, installed, uninstall
 from agent.hardware.simulated.library import SimulatedNvmlLibrary
@@ -29,8 +31,18 @@ class SimulatedHost:
         root.mkdir(parents=True, exist_ok=True)
         library = SimulatedNvmlLibrary(loaded)
         lay_out_host(loaded, root)
+        # MIG instances outlive the agent process, as on real hardware (``persist``).
+        if not persist.load(library.state, root):
+            persist.save(library.state, root)
+        for name, seconds in persist.parse_latency(os.environ.get(persist.LATENCY_ENV, "")).items():
+            library.set_latency(seconds, None if name == "*" else name)
         write_mig_capabilities(library.state, root)
-        library.add_mig_listener(lambda: write_mig_capabilities(library.state, root))
+
+        def mig_changed() -> None:
+            write_mig_capabilities(library.state, root)
+            persist.save(library.state, root)
+
+        library.add_mig_listener(mig_changed)
         current = installed()
         if current is not None:
             uninstall(current)

@@ -173,6 +173,14 @@ class SimulatedNvmlLibrary:
         with self.lock:
             self._latency[function] = seconds
 
+    def mark_busy(self, gpu_index: int, gpu_instance_id: int, busy: bool = True) -> None:
+        """Mark a GPU instance as used by a process: destroying it answers IN_USE until
+        ``busy=False`` (what a CUDA process still running in it causes on hardware)."""
+        with self.lock:
+            gpu = self.state.gpus[gpu_index]
+            gpu.gpu_instances[gpu_instance_id].busy = busy
+            self.mig_changed()
+
     def remove_function(self, function: str) -> None:
         """Drop a C function, as an older driver lacks it: pynvml then raises FUNCTION_NOT_FOUND."""
         with self.lock:

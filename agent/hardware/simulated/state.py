@@ -59,6 +59,7 @@ class SimGpuInstance:
     start: int
     handle: int = 0
     compute_instances: dict[int, SimComputeInstance] = field(default_factory=dict)
+    busy: bool = False  # a process uses it: destroying it answers IN_USE (``mark_busy``)
 
     @property
     def memory_slices(self) -> set[int]:
@@ -139,8 +140,8 @@ class HostState:
             raise NvmlReturn(NVML_ERROR_NOT_SUPPORTED)
         if mode not in (0, 1):
             raise NvmlReturn(NVML_ERROR_INVALID_ARGUMENT)
-        if mode == 0 and gpu.gpu_instances:
-            raise NvmlReturn(NVML_ERROR_IN_USE)
+        if gpu.gpu_instances and mode != gpu.mig_current:
+            raise NvmlReturn(NVML_ERROR_IN_USE)  # no mode change while instances exist
         # Hopper and later switch without a GPU reset; we model that for every model.
         gpu.mig_pending = gpu.mig_current = mode
 
@@ -165,14 +166,20 @@ class HostState:
         ):
             raise NvmlReturn(NVML_ERROR_INSUFFICIENT_RESOURCES)
         gi_id = next(i for i in itertools.count(1) if i not in gpu.gpu_instances)
+        gpu.generation += 1
+        return self.add_gpu_instance(gpu, gi_id, profile, start)
+
+    def add_gpu_instance(
+        self, gpu: SimGpu, gi_id: int, profile: GiProfileSpec, start: int
+    ) -> SimGpuInstance:
+        """Put a GPU instance in place without NVML's checks (creation, or a restored state)."""
         gi = SimGpuInstance(gpu=gpu, id=gi_id, profile=profile, start=start)
         gi.handle = self.handles.add(gi)
         gpu.gpu_instances[gi_id] = gi
-        gpu.generation += 1
         return gi
 
     def destroy_gpu_instance(self, gi: SimGpuInstance) -> None:
-        if gi.compute_instances:
+        if gi.compute_instances or gi.busy:
             raise NvmlReturn(NVML_ERROR_IN_USE)
         del gi.gpu.gpu_instances[gi.id]
         self.handles.remove(gi.handle)
@@ -199,17 +206,29 @@ class HostState:
         ci_id = next(i for i in itertools.count(0) if i not in gi.compute_instances)
         gpu = gi.gpu
         name = f"{gpu.spec.uuid}/{gi.id}/{ci_id}/{gpu.generation}"
+        return self.add_compute_instance(
+            gi, ci_id, profile, start, f"MIG-{uuid.uuid5(MIG_UUID_NAMESPACE, name)}"
+        )
+
+    def add_compute_instance(
+        self, gi: SimGpuInstance, ci_id: int, profile: CiProfileSpec, start: int, mig_uuid: str
+    ) -> SimComputeInstance:
+        """Put a compute instance in place without NVML's checks."""
         ci = SimComputeInstance(
-            gpu_instance=gi,
-            id=ci_id,
-            profile=profile,
-            start=start,
-            uuid=f"MIG-{uuid.uuid5(MIG_UUID_NAMESPACE, name)}",
+            gpu_instance=gi, id=ci_id, profile=profile, start=start, uuid=mig_uuid
         )
         ci.handle = self.handles.add(ci)
         ci.mig_handle = self.handles.add(SimMigDevice(ci))
         gi.compute_instances[ci_id] = ci
         return ci
+
+    def clear_instances(self, gpu: SimGpu) -> None:
+        """Forget every instance of ``gpu`` (before a saved state is put back)."""
+        for gi in list(gpu.gpu_instances.values()):
+            for ci in list(gi.compute_instances.values()):
+                self.destroy_compute_instance(ci)
+            self.handles.remove(gi.handle)
+        gpu.gpu_instances.clear()
 
     def destroy_compute_instance(self, ci: SimComputeInstance) -> None:
         del ci.gpu_instance.compute_instances[ci.id]
