@@ -16,6 +16,7 @@ from dataclasses import dataclass
 MODULES: tuple[str, ...] = (
     "benchmarks.slice_publisher",
     "benchmarks.bench_prepare",
+    "benchmarks.bench_prepare_tracing",
     "benchmarks.bench_health",
 )
 

@@ -8,12 +8,18 @@ collector's ``TraceService`` (opentelemetry-proto stubs, grpcio) and :class:`Htt
 takes protobuf bodies on ``POST /v1/traces`` (aiohttp). Both decode into :class:`ReceivedSpan`
 records in a shared :class:`SpanSink`. :class:`BlackHole` accepts connections and never
 answers: the collector failure that hurts most. :func:`render_tree` prints a trace.
+
+``python -m agent.sim.otlp`` runs the gRPC receiver as a process of its own (the benchmark's
+live collector: in the measured process its grpcio threads and decoding would compete for
+that process's GIL). It prints ``listening <endpoint>``, and when its stdin closes it prints
+``received <spans> spans in <requests> requests`` and exits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -293,3 +299,17 @@ def render_tree(spans: Sequence[ReceivedSpan], root_span_id: str | None = None) 
                 lines.append(f"{s.name:<58} {s.duration_ms:8.2f} ms")
                 walk(s.span_id, 1)
     return lines
+
+
+def main() -> int:
+    """The receiver process: see the module docstring."""
+    with GrpcOtlpReceiver() as receiver:
+        print(f"listening {receiver.endpoint}", flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+    sink = receiver.sink
+    print(f"received {len(sink.spans)} spans in {sink.requests} requests", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
