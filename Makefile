@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean tools cdi-schema
+.PHONY: demo test lint proto bench clean tools cdi-schema prometheus
 
 # Files the tests take from Debian's packages live in a cache inside the checkout, fetched
 # without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
@@ -13,6 +13,8 @@ CACHE_DIR ?= .cache
 CDI_SCHEMA_PACKAGE := golang-github-container-orchestrated-devices-container-device-interface-dev
 CDI_SCHEMA_SRC := usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface/schema
 CDI_SCHEMA := $(CACHE_DIR)/cdi-schema/schema.json
+# Prometheus for tests/integration/test_prometheus.py: the binary of Debian's package.
+PROMETHEUS := $(CACHE_DIR)/prometheus/prometheus
 
 $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +37,13 @@ $(CDI_SCHEMA):
 	scripts/fetch_deb_files.sh $(CDI_SCHEMA_PACKAGE) $(CACHE_DIR)/cdi-schema \
 	    $(CDI_SCHEMA_SRC)/schema.json $(CDI_SCHEMA_SRC)/defs.json
 
+## prometheus: Debian's Prometheus binary, into $(CACHE_DIR)/prometheus (for the metrics test)
+prometheus: $(PROMETHEUS)
+$(PROMETHEUS):
+	scripts/fetch_deb_files.sh prometheus $(CACHE_DIR)/prometheus usr/bin/prometheus
+
 ## test: the whole test suite (fetches what it needs first)
-test: tools $(STAMP) $(CDI_SCHEMA)
+test: tools $(STAMP) $(CDI_SCHEMA) $(PROMETHEUS)
 	$(BIN)/python -m pytest -q
 
 ## lint: ruff (lint and format) and mypy --strict

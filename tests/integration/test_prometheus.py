@@ -1,10 +1,11 @@
 """A real Prometheus scrapes the real agent: every documented metric arrives, exemplars carry
 the kubelet's trace id, and every PromQL expression of the shipped dashboard returns data.
 
-Prometheus is Debian's ``prometheus`` package (``/usr/bin/prometheus``), started here on
+Prometheus is the binary of Debian's ``prometheus`` package, which ``make test`` fetches into
+``.cache/prometheus/`` (``make prometheus``, without installing the package), started here on
 127.0.0.1 with its own port, configuration and data directory, exemplar storage on and a 1 s
 scrape interval. Without the binary the test is skipped, except under CI (``CI=true``), where
-it fails: CI installs the package (.ci/run). Before Prometheus starts, the agent has served a
+it fails: CI runs ``make test``, which fetches it. Before Prometheus starts, the agent has served a
 prepare (sent with a sampled ``traceparent``), an unprepare, a claim error, a slice publish and
 an injected XID 79; tracing exports to a closed port with a one-span queue, so spans are
 dropped and counted too. The API server fails the taint's slice write once and ends the slice
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "observability" / "grafana" / "dashboards" / "gpu-dra-agent.json"
-PROMETHEUS = "/usr/bin/prometheus"
+PROMETHEUS = ROOT / ".cache" / "prometheus" / "prometheus"
 HISTOGRAMS = {n for n in PROMETHEUS_NAMES if n.endswith("_seconds")}
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices*"
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
@@ -58,13 +58,12 @@ def free_port() -> int:
 
 
 def prometheus_binary() -> str:
-    found = shutil.which("prometheus") or (PROMETHEUS if os.path.exists(PROMETHEUS) else None)
-    if found is None:
-        message = "Prometheus is not installed (apt-get install prometheus: /usr/bin/prometheus)"
+    if not PROMETHEUS.exists():
+        message = f"Prometheus is not fetched: run `make prometheus` (it fills {PROMETHEUS})"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-    return found
+    return str(PROMETHEUS)
 
 
 class Prometheus:
@@ -182,7 +181,7 @@ async def test_prometheus_scrapes_every_documented_metric_and_the_dashboard_work
             return {n for n in names if n not in found}
 
         deadline = time.monotonic() + 30
-        while missing():  # noqa: ASYNC110
+        while missing():
             assert time.monotonic() < deadline, f"never scraped: {sorted(missing())}"
             await anyio.sleep(0.5)
         unhealthy = prometheus.query('gpu_dra_device_health{device="gpu-3",state="Unhealthy"}')
