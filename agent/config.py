@@ -32,6 +32,10 @@ MAX_SOCKET_PATH_BYTES = 107
 #: Directory under the plugin data directory where ``--simulate`` lays out its fake host.
 SIMULATED_HOST_DIR = "simulated-host"
 _MAX_DRIVER_NAME_LENGTH = 63
+#: How partitionable devices are laid out in slices (docs/OPERATIONS.md, "Dynamic MIG"):
+#: ``auto`` reads the API server's version (1.34: ``combined``, one slice per GPU with its
+#: counters and devices; 1.35+: ``split``, a counters-only slice plus device slices).
+SLICE_LAYOUTS = ("auto", "combined", "split")
 _INSTANCE_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
@@ -77,6 +81,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("health-quarantine-seconds", None, None),
     # the Prometheus endpoint, HOST:PORT (docs/OBSERVABILITY.md); off unless given
     Setting("metrics-address", "GPU_DRA_METRICS_ADDRESS", None),
+    # dynamic MIG (docs/OPERATIONS.md, "Dynamic MIG")
+    Setting("dynamic-mig", "GPU_DRA_DYNAMIC_MIG", "false"),
+    Setting("slice-layout", "GPU_DRA_SLICE_LAYOUT", "auto"),
+    Setting("adopt-mig-instances", "GPU_DRA_ADOPT_MIG_INSTANCES", "false"),
+    Setting("mig-mode-off-when-idle", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE", "true"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -99,6 +108,11 @@ class AgentConfig:
     health: HealthPolicy = field(default_factory=HealthPolicy)
     driver_root_mount: Path | None = None  # where the agent reads it; None: at driver_root
     metrics_address: tuple[str, int] | None = None  # (host, port) of the Prometheus endpoint
+    # dynamic MIG: publish partitionable devices, create instances on prepare
+    dynamic_mig: bool = False
+    slice_layout: str = "auto"  # one of SLICE_LAYOUTS
+    adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
+    mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
 
     @property
     def driver_files(self) -> Path:
@@ -278,6 +292,10 @@ def load_config(
         metrics_address=(
             _host_port(values["metrics-address"]) if "metrics-address" in values else None
         ),
+        dynamic_mig=_boolean(values["dynamic-mig"]),
+        slice_layout=_choice(values["slice-layout"], SLICE_LAYOUTS),
+        adopt_mig_instances=_boolean(values["adopt-mig-instances"]),
+        mig_mode_off_when_idle=_boolean(values["mig-mode-off-when-idle"]),
     )
     _check_socket_length(
         config.dra_socket, f"{values['plugins-dir'].source}, the driver name or the instance id"
@@ -296,6 +314,13 @@ def _boolean(value: _Value) -> bool:
     if text in ("false", "no", "off", "0"):
         return False
     raise ConfigError(f"{value.source} {value.value!r} is not a boolean; use true or false")
+
+
+def _choice(value: _Value, choices: tuple[str, ...]) -> str:
+    text = value.value.strip().lower()
+    if text not in choices:
+        raise ConfigError(f"{value.source} {value.value!r} is not one of {', '.join(choices)}")
+    return text
 
 
 def _host_port(value: _Value) -> tuple[str, int]:

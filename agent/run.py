@@ -16,7 +16,8 @@ from pathlib import Path
 EPILOG = """\
 environment variables (used when the flag is absent): NODE_NAME, KUBECONFIG,
 KUBELET_REGISTRAR_DIRECTORY_PATH, KUBELET_PLUGINS_DIRECTORY_PATH, CDI_ROOT,
-NVIDIA_DRIVER_ROOT, GPU_DRA_SIMULATE, POD_UID, GPU_DRA_METRICS_ADDRESS; tracing and metrics
+NVIDIA_DRIVER_ROOT, GPU_DRA_SIMULATE, POD_UID, GPU_DRA_METRICS_ADDRESS, GPU_DRA_DYNAMIC_MIG,
+GPU_DRA_SLICE_LAYOUT, GPU_DRA_ADOPT_MIG_INSTANCES, GPU_DRA_MIG_MODE_OFF_WHEN_IDLE; tracing and metrics
 push: the standard OTEL_* variables (docs/OBSERVABILITY.md).
 
 example (no GPU, no cluster):
@@ -91,6 +92,32 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="serve Prometheus metrics on this address, e.g. 0.0.0.0:9464 "
         "[GPU_DRA_METRICS_ADDRESS] (default: off)",
+    )
+    add(
+        "--dynamic-mig",
+        metavar="true|false",
+        help="publish every MIG placement of MIG-capable GPUs as partitionable devices and "
+        "create the MIG instance when a claim for one is prepared [GPU_DRA_DYNAMIC_MIG] "
+        "(default: false)",
+    )
+    add(
+        "--slice-layout",
+        metavar="auto|combined|split",
+        help="with --dynamic-mig: one slice per GPU with its counters (combined, Kubernetes "
+        "1.34) or counters in a slice of their own (split, 1.35+); auto asks the API server "
+        "[GPU_DRA_SLICE_LAYOUT] (default: auto)",
+    )
+    add(
+        "--adopt-mig-instances",
+        metavar="true|false",
+        help="with --dynamic-mig: treat MIG instances the agent did not create as its own "
+        "(they may be destroyed when unused) [GPU_DRA_ADOPT_MIG_INSTANCES] (default: false)",
+    )
+    add(
+        "--mig-mode-off-when-idle",
+        metavar="true|false",
+        help="with --dynamic-mig: turn MIG mode off on a Hopper or newer GPU when its last "
+        "instance is gone [GPU_DRA_MIG_MODE_OFF_WHEN_IDLE] (default: true)",
     )
 
 

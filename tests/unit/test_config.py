@@ -214,3 +214,28 @@ def test_metrics_address_is_host_and_port(value: str, expected: tuple[str, int])
 def test_a_bad_metrics_address_names_its_source(value: str) -> None:
     with pytest.raises(ConfigError, match=r"GPU_DRA_METRICS_ADDRESS .* is not a listen address"):
         load_config({"node_name": "node-a"}, {"GPU_DRA_METRICS_ADDRESS": value})
+
+
+def test_dynamic_mig_settings_defaults_and_sources(tmp_path: Path) -> None:
+    base = {"node_name": "node-a"}
+    config = load_config(base, {})
+    assert (config.dynamic_mig, config.slice_layout) == (False, "auto")
+    assert (config.adopt_mig_instances, config.mig_mode_off_when_idle) == (False, True)
+    config = load_config(
+        {**base, "slice_layout": "split"},
+        {"GPU_DRA_DYNAMIC_MIG": "true", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE": "false"},
+    )
+    assert (config.dynamic_mig, config.slice_layout, config.mig_mode_off_when_idle) == (
+        True,
+        "split",
+        False,
+    )
+    file = tmp_path / "agent.yaml"
+    file.write_text("dynamic-mig: true\nadopt-mig-instances: yes\n")
+    config = load_config(base, {}, file)
+    assert config.dynamic_mig and config.adopt_mig_instances
+
+
+def test_slice_layout_must_be_known() -> None:
+    with pytest.raises(ConfigError, match=r"--slice-layout 'both' is not one of auto, combined"):
+        load_config({"node_name": "node-a", "slice_layout": "both"}, {})
