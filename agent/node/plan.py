@@ -22,6 +22,7 @@ from agent.dra.config import (
 )
 from agent.dra.devices import publishable_mig_devices
 from agent.dra.names import gpu_device_name, mig_device_name
+from agent.dra.partitionable import MigSlot, is_partitionable, mig_slots, publishes_full_gpu
 from agent.errors import AgentError
 from agent.hardware.inventory import Gpu, Inventory, MigDevice
 from agent.node.types import ClaimRef
@@ -38,13 +39,24 @@ class NodeDevice:
     name: str
     kind: DeviceKind
     gpu: Gpu
-    mig: MigDevice | None = None
+    mig: MigDevice | None = None  # an existing (static) MIG device
+    slot: MigSlot | None = None  # a dynamic MIG device, created on prepare (--dynamic-mig)
+    #: The GPU is partitionable (--dynamic-mig): a full-GPU device excludes every MIG device
+    #: of its GPU and the other way round; the dynamic MIG effector (agent/mig) checks it.
+    partitionable: bool = False
 
 
-def node_devices(inventory: Inventory) -> dict[str, NodeDevice]:
+def node_devices(inventory: Inventory, *, dynamic_mig: bool = False) -> dict[str, NodeDevice]:
     """Every allocatable device of ``inventory`` by name (the same rule as ``dra.devices``)."""
     found: dict[str, NodeDevice] = {}
     for gpu in inventory.gpus:
+        if dynamic_mig and is_partitionable(gpu):
+            if publishes_full_gpu(gpu):
+                name = gpu_device_name(gpu.minor)
+                found[name] = NodeDevice(name, "gpu", gpu, partitionable=True)
+            for slot in mig_slots(gpu):
+                found[slot.name] = NodeDevice(slot.name, "mig", gpu, slot=slot, partitionable=True)
+            continue
         if not gpu.mig_enabled:
             found[gpu_device_name(gpu.minor)] = NodeDevice(gpu_device_name(gpu.minor), "gpu", gpu)
             continue
