@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 
 from agent.dra.allocator import Outcome, allocate, build_node_state, parse_claim
+from agent.dra.allocator.node import node_selector_matches
 from agent.errors import AgentError
 from agent.sim.claims import ClaimCreationError, PodReference
 
@@ -27,6 +28,14 @@ RESOURCE = "/apis/resource.k8s.io/v1"
 
 class AllocationFailedError(AgentError):
     """The claim does not fit the node; the message gives the allocator's reasons."""
+
+
+class ApiRequestError(ClaimCreationError):
+    """The API server refused a request; ``status`` is its HTTP status code."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,11 @@ async def access_from_kubeconfig(path: Path) -> ApiAccess:
 
     configuration = client.Configuration()
     await config.load_kube_config(config_file=str(path), client_configuration=configuration)
+    return access_from_configuration(configuration)
+
+
+def access_from_configuration(configuration: Any) -> ApiAccess:
+    """The same from a loaded ``kubernetes_asyncio`` ``Configuration``."""
     token = (configuration.api_key or {}).get("authorization", "")
     host = str(configuration.host or "")
     context = None
@@ -75,7 +89,9 @@ async def _request(
         payload: Obj = await response.json(content_type=None)
         if response.status >= 400:
             message = payload.get("message", payload) if isinstance(payload, dict) else payload
-            raise ClaimCreationError(f"{method} {path} failed with {response.status}: {message}")
+            raise ApiRequestError(
+                f"{method} {path} failed with {response.status}: {message}", response.status
+            )
         return payload
 
 
@@ -90,18 +106,25 @@ class ClusterView:
     claims: list[Obj]
 
 
+async def _node_labels(session: aiohttp.ClientSession, node_name: str) -> Mapping[str, str]:
+    """The Node's labels (none when there is no Node object, as with a bare API server)."""
+    try:
+        node = await _request(session, "GET", f"/api/v1/nodes/{node_name}")
+    except ApiRequestError as err:
+        if err.status == 404:
+            return {}
+        raise
+    labels: Mapping[str, str] = node.get("metadata", {}).get("labels") or {}
+    return labels
+
+
 async def read_cluster(session: aiohttp.ClientSession, node_name: str) -> ClusterView:
     slices = (await _request(session, "GET", f"{RESOURCE}/resourceslices"))["items"]
     classes = (await _request(session, "GET", f"{RESOURCE}/deviceclasses"))["items"]
     claims = (await _request(session, "GET", f"{RESOURCE}/resourceclaims"))["items"]
-    try:
-        node = await _request(session, "GET", f"/api/v1/nodes/{node_name}")
-        labels = node.get("metadata", {}).get("labels") or {}
-    except ClaimCreationError:
-        labels = {}
     return ClusterView(
         node_name,
-        labels,
+        await _node_labels(session, node_name),
         slices,
         {c["metadata"]["name"]: c for c in classes},
         [c for c in claims if (c.get("status") or {}).get("allocation")],
@@ -131,24 +154,94 @@ async def allocate_existing_claim(
 ) -> Obj:
     """Allocate stored claim ``namespace/name`` on ``node_name``; returns the updated claim.
 
-    Raises :class:`AllocationFailedError` when it does not fit (the claim stays pending).
+    A claim that is already allocated keeps its devices (the scheduler never moves them): it
+    must be allocated for ``node_name``, and ``reserved_for`` pods missing from its
+    ``status.reservedFor`` are added. Raises :class:`AllocationFailedError` when it does not
+    fit or is allocated for another node (the claim is left as it was).
     """
     async with access.session() as session:
         path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
         claim = await _request(session, "GET", path)
-        if (claim.get("status") or {}).get("allocation"):
+        status: Obj = dict(claim.get("status") or {})
+        allocation = status.get("allocation")
+        if allocation:
+            selector = allocation.get("nodeSelector")
+            labels = await _node_labels(session, node_name)
+            if selector and not node_selector_matches(selector, node_name, labels):
+                raise AllocationFailedError(
+                    f"claim {namespace}/{name} is already allocated for another node than "
+                    f"{node_name} (status.allocation.nodeSelector); a pod using it cannot run here"
+                )
+        else:
+            outcome = decide(await read_cluster(session, node_name), claim)
+            if not outcome.fits:
+                raise AllocationFailedError(
+                    f"claim {namespace}/{name} does not fit node {node_name}: "
+                    + "; ".join(outcome.reasons)
+                )
+            status["allocation"] = outcome.allocation
+        reserved = list(status.get("reservedFor") or [])
+        known = {entry.get("uid") for entry in reserved}
+        added = [pod.to_reference() for pod in reserved_for if pod.uid not in known]
+        if allocation and not added:
             return claim
-        outcome = decide(await read_cluster(session, node_name), claim)
-        if not outcome.fits:
-            raise AllocationFailedError(
-                f"claim {namespace}/{name} does not fit node {node_name}: "
-                + "; ".join(outcome.reasons)
-            )
-        status: Obj = {"allocation": outcome.allocation}
-        if reserved_for:
-            status["reservedFor"] = [pod.to_reference() for pod in reserved_for]
+        if reserved or added:
+            status["reservedFor"] = reserved + added
         claim["status"] = status
         return await _request(session, "PUT", f"{path}/status", claim)
+
+
+async def release_claim(
+    access: ApiAccess, namespace: str, name: str, pod: PodReference, *, delete: bool = False
+) -> Obj | None:
+    """What happens to a claim when pod ``pod`` is gone: ``delete`` (a claim generated from
+    the pod's ResourceClaimTemplate is deleted with it) or remove the pod from
+    ``status.reservedFor`` and, when no consumer is left, the allocation with it (the
+    resourceclaim controller's deallocation), so its devices become free. Returns the claim
+    as stored afterwards (None when deleted or already gone)."""
+    if delete:
+        await delete_claim(access, namespace, name)
+        return None
+    async with access.session() as session:
+        path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+        try:
+            claim = await _request(session, "GET", path)
+        except ApiRequestError as err:
+            if err.status == 404:
+                return None
+            raise
+        status: Obj = dict(claim.get("status") or {})
+        reserved = [r for r in status.get("reservedFor") or [] if r.get("uid") != pod.uid]
+        if reserved:
+            status["reservedFor"] = reserved
+        else:
+            status.pop("reservedFor", None)
+            status.pop("allocation", None)
+        claim["status"] = status
+        return await _request(session, "PUT", f"{path}/status", claim)
+
+
+async def delete_claim(access: ApiAccess, namespace: str, name: str) -> bool:
+    """Delete a claim over HTTP; False when it was already gone."""
+    async with access.session() as session:
+        path = f"{RESOURCE}/namespaces/{namespace}/resourceclaims/{name}"
+        try:
+            await _request(session, "DELETE", path)
+        except ApiRequestError as err:
+            if err.status == 404:
+                return False
+            raise
+    return True
+
+
+async def create_claim(access: ApiAccess, manifest: Mapping[str, Any]) -> Obj:
+    """Create a ResourceClaim from ``manifest`` (namespace ``default`` when it names none),
+    pending until something allocates it; returns it as stored."""
+    namespace = (manifest.get("metadata") or {}).get("namespace") or "default"
+    async with access.session() as session:
+        return await _request(
+            session, "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaims", dict(manifest)
+        )
 
 
 async def create_and_allocate_claim(
@@ -163,12 +256,8 @@ async def create_and_allocate_claim(
     ``reserved_for=None`` reserves it for a pod named ``<name>-pod`` (as a scheduler does
     for the pod it schedules); pass ``()`` to leave it unreserved.
     """
-    namespace = (manifest.get("metadata") or {}).get("namespace") or "default"
-    async with access.session() as session:
-        created = await _request(
-            session, "POST", f"{RESOURCE}/namespaces/{namespace}/resourceclaims", dict(manifest)
-        )
-    name = created["metadata"]["name"]
+    created = await create_claim(access, manifest)
+    namespace, name = created["metadata"]["namespace"], created["metadata"]["name"]
     if reserved_for is None:
         reserved_for = (PodReference(f"{name}-pod"),)
     return await allocate_existing_claim(

@@ -4,7 +4,9 @@ It watches a plugin registry directory, registers plugins with the 1.34+ kubelet
 deadlines, calls NodePrepareResources / NodeUnprepareResources, consumes the health stream and
 wipes ResourceSlices, all over real gRPC on real Unix sockets, so the agent can be tested end to
 end without a cluster. The behaviour reproduced is that of the kubelet described in the design
-notes (kubelet-dra-protocol.md, sections 1, 2, 3 and 8).
+notes (kubelet-dra-protocol.md, sections 1, 2, 3 and 8). ``run_pod`` starts a pod the way
+scheduler and kubelet do together: its claims are allocated on the node by the allocator
+(agent.sim.allocation, as kube-scheduler would), then prepared, so nothing names a device.
 """
 
 from agent.node.types import ClaimRef
@@ -22,11 +24,13 @@ from agent.sim.kubelet.errors import (
 )
 from agent.sim.kubelet.events import EventKind, KubeletEvent
 from agent.sim.kubelet.health import DeviceHealthRecord, DeviceHealthState, HealthReport
+from agent.sim.kubelet.pods import ClaimSource, PodAdmissionError, PodClaims
 from agent.sim.kubelet.registration import PluginRegistration, RegistrationTimeouts
 
 __all__ = [
     "DEFAULT_CALL_TIMEOUT",
     "ClaimRef",
+    "ClaimSource",
     "DeviceHealthRecord",
     "DeviceHealthState",
     "DraCallError",
@@ -38,6 +42,8 @@ __all__ = [
     "KubeletEvent",
     "MissingClaimResultError",
     "PluginRegistration",
+    "PodAdmissionError",
+    "PodClaims",
     "RegistrationError",
     "RegistrationTimeouts",
     "SliceWipeError",

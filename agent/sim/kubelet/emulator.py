@@ -22,8 +22,15 @@ from anyio.abc import TaskGroup
 from grpclib.client import Channel
 
 from agent.node.types import ClaimRef
+from agent.sim.allocation import ApiAccess, access_from_configuration
+from agent.sim.claims import PodReference
 from agent.sim.kubelet.dra_client import DEFAULT_CALL_TIMEOUT, DraClient
-from agent.sim.kubelet.errors import DraCallError, DriverNotRegisteredError, RegistrationError
+from agent.sim.kubelet.errors import (
+    DraCallError,
+    DriverNotRegisteredError,
+    KubeletEmulatorError,
+    RegistrationError,
+)
 from agent.sim.kubelet.events import ChangeNotifier, EventKind, EventLog, KubeletEvent
 from agent.sim.kubelet.health import (
     DEFAULT_HEALTH_TIMEOUT,
@@ -33,6 +40,7 @@ from agent.sim.kubelet.health import (
     HealthReport,
     watch_health,
 )
+from agent.sim.kubelet.pods import ClaimSource, PodAdmissionError, PodClaims, admit, release
 from agent.sim.kubelet.registration import PluginRegistration, RegistrationTimeouts, register_plugin
 from agent.sim.kubelet.watcher import SocketIdentity, diff_scans, scan_registry
 from agent.sim.kubelet.wipe import DEFAULT_WIPE_DELAY, SliceWiper
@@ -69,6 +77,7 @@ class KubeletEmulator:
         auto_wipe: bool = False,
         wipe_delay: float = DEFAULT_WIPE_DELAY,
         wipe_on_start: bool = False,
+        api_access: ApiAccess | None = None,
     ) -> None:
         self.registrar_dir = Path(registrar_dir)
         self.node_name = node_name
@@ -85,6 +94,11 @@ class KubeletEmulator:
         self._log = EventLog(self._notifier)
         self._health = HealthCache(default_timeout=health_timeout)
         self._wiper = SliceWiper(kube_client_config, node_name, self._log)
+        if api_access is None and kube_client_config is not None:
+            api_access = access_from_configuration(kube_client_config)
+        #: where pods' claims are allocated (the API server of ``kube_client_config`` unless
+        #: given); None: run_pod is refused
+        self.api_access = api_access
         self._instances: dict[Path, PluginInstance] = {}
         self._sessions: dict[Path, anyio.CancelScope] = {}
         self._known_drivers: set[str] = set()
@@ -336,6 +350,73 @@ class KubeletEmulator:
             socket=socket,
         )
         return results
+
+    # -- pods ------------------------------------------------------------------------------------
+
+    async def run_pod(
+        self,
+        pod: PodReference | str,
+        claims: Sequence[ClaimSource],
+        *,
+        namespace: str = "default",
+    ) -> PodClaims:
+        """Start a pod that uses ``claims`` on this node, as scheduler and kubelet together:
+        claims given as ResourceClaim manifests are created, claims without
+        ``status.allocation`` are allocated here by the allocator (as kube-scheduler would),
+        all are reserved for the pod, then each driver named in the allocations gets one
+        NodePrepareResources with its claims. Returns the stored claims and every driver's
+        answer (per-claim errors are in :meth:`PodClaims.errors`, not raised). Raises
+        :class:`PodAdmissionError` when a claim cannot be created or does not fit the node,
+        DriverNotRegisteredError or a DraCallError subclass as :meth:`prepare` does."""
+        access = self._require_api()
+        reference = PodReference(pod) if isinstance(pod, str) else pod
+        try:
+            admitted = await admit(access, self.node_name, reference, namespace, claims)
+        except PodAdmissionError as exc:
+            self._log.record(EventKind.POD_ADMISSION_FAILED, str(exc), level=logging.WARNING)
+            raise
+        devices = [
+            f"{r['driver']}/{r['pool']}/{r['device']}"
+            for c in admitted.claims
+            for r in c["status"]["allocation"]["devices"]["results"]
+        ]
+        self._log.record(
+            EventKind.POD_ADMITTED,
+            f"pod {namespace}/{reference.name} admitted on {self.node_name}: claims "
+            f"{[r.name for r in admitted.refs]} allocated to {devices}",
+        )
+        for driver, refs in admitted.drivers.items():
+            admitted.results[driver] = await self.prepare(driver, refs)
+        return admitted
+
+    async def end_pod(self, pod: PodClaims, *, delete_claims: bool = False) -> dict[str, Any]:
+        """The pod is gone: NodeUnprepareResources per driver, then its claims are released
+        (unreserved and, without other consumers, deallocated, as the resourceclaim controller
+        does) or, with ``delete_claims`` (claims from a ResourceClaimTemplate), deleted.
+        Returns driver -> claim UID -> v1 ``NodeUnprepareResourceResponse``; a claim a driver
+        failed to unprepare is neither released nor deleted (the kubelet retries)."""
+        access = self._require_api()
+        answers: dict[str, Any] = {}
+        failed: set[str] = set()
+        for driver, refs in pod.drivers.items():
+            answers[driver] = await self.unprepare(driver, refs)
+            failed |= {uid for uid, answer in answers[driver].items() if answer.error}
+        done = PodClaims(
+            pod.pod,
+            pod.namespace,
+            [c for c in pod.claims if c["metadata"]["uid"] not in failed],
+            {},
+        )
+        await release(access, done, delete_claims=delete_claims)
+        return answers
+
+    def _require_api(self) -> ApiAccess:
+        if self.api_access is None:
+            raise KubeletEmulatorError(
+                "running a pod needs the API server: give the emulator a kubeconfig "
+                "(kube_client_config or api_access)"
+            )
+        return self.api_access
 
     # -- health ----------------------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""A pod's claims on the emulated node: the scheduler's allocation, then the kubelet's prepare.
+
+In a cluster kube-scheduler allocates a pod's ResourceClaims on the node it picks and reserves
+them for the pod; the kubelet then reads each claim, checks that it is allocated and reserved
+for the pod, groups the claims by the drivers named in ``status.allocation.devices.results``
+and calls NodePrepareResources once per driver with all of that driver's claims before any
+container starts, and NodeUnprepareResources once the pod is gone. Without a scheduler the
+emulator does the scheduler's part with :mod:`agent.sim.allocation` (the allocator, which
+writes ``status.allocation`` exactly as the scheduler does): claims given as specs are created
+first, claims stored without an allocation are allocated on this node, claims already
+allocated must be allocated for this node. Nothing here names a device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.node.types import ClaimRef
+from agent.sim.allocation import (
+    AllocationFailedError,
+    ApiAccess,
+    allocate_existing_claim,
+    create_claim,
+    release_claim,
+)
+from agent.sim.claims import ClaimCreationError, PodReference
+from agent.sim.kubelet.errors import KubeletEmulatorError
+
+Obj = dict[str, Any]
+#: A claim of a pod: a ResourceClaim manifest to create, or the name of a stored claim in the
+#: pod's namespace.
+ClaimSource = Mapping[str, Any] | str
+
+
+class PodAdmissionError(KubeletEmulatorError):
+    """A pod's claims could not be created or allocated on this node (the pod stays pending,
+    as it would with kube-scheduler); the message names the claim and the allocator's reasons."""
+
+
+@dataclass
+class PodClaims:
+    """One pod's claims on this node: as stored after allocation, and the drivers' answers."""
+
+    pod: PodReference
+    namespace: str
+    claims: list[Obj]  # as stored: allocated on this node and reserved for the pod
+    drivers: dict[str, list[ClaimRef]]  # driver -> its claims, in the pod's order
+    #: driver -> claim UID -> v1 ``NodePrepareResourceResponse`` (empty before prepare)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def refs(self) -> list[ClaimRef]:
+        return [claim_ref(c) for c in self.claims]
+
+    def errors(self) -> dict[str, str]:
+        """``driver/namespace/name`` -> the per-claim error of each claim a driver refused."""
+        found: dict[str, str] = {}
+        for driver, refs in self.drivers.items():
+            answers = self.results.get(driver, {})
+            for ref in refs:
+                answer = answers.get(ref.uid)
+                if answer is not None and answer.error:
+                    found[f"{driver}/{ref.namespace}/{ref.name}"] = answer.error
+        return found
+
+    def cdi_device_ids(self) -> dict[str, list[str]]:
+        """Claim name -> the CDI device IDs its drivers returned (what the container gets)."""
+        ids: dict[str, list[str]] = {}
+        for driver, refs in self.drivers.items():
+            for ref in refs:
+                answer = self.results.get(driver, {}).get(ref.uid)
+                devices = [] if answer is None else answer.devices
+                ids.setdefault(ref.name, []).extend(i for d in devices for i in d.cdi_device_ids)
+        return ids
+
+
+def claim_ref(claim: Mapping[str, Any]) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def group_by_driver(claims: Sequence[Mapping[str, Any]]) -> dict[str, list[ClaimRef]]:
+    """The kubelet's batches: each driver with every claim that has a device of it."""
+    drivers: dict[str, list[ClaimRef]] = {}
+    for claim in claims:
+        results = claim["status"]["allocation"]["devices"].get("results") or []
+        for driver in dict.fromkeys(r["driver"] for r in results):
+            drivers.setdefault(driver, []).append(claim_ref(claim))
+    return drivers
+
+
+async def create_claims(
+    access: ApiAccess, manifests: Sequence[Mapping[str, Any]], namespace: str
+) -> list[str]:
+    """Create ResourceClaims (a user's ``kubectl create``); returns their names. A manifest
+    without a namespace gets ``namespace``; one naming another namespace is refused, as a pod
+    can only use claims of its own namespace."""
+    bodies = []
+    for manifest in manifests:  # all checked before any is created
+        body = dict(manifest)
+        meta = dict(body.get("metadata") or {})
+        if meta.setdefault("namespace", namespace) != namespace:
+            raise PodAdmissionError(
+                f"claim {meta.get('name')!r} is in namespace {meta['namespace']!r}; a pod in "
+                f"{namespace!r} can only use claims of its own namespace"
+            )
+        if body.get("kind", "ResourceClaim") != "ResourceClaim":
+            raise PodAdmissionError(f"not a ResourceClaim: kind {body.get('kind')!r}")
+        body["metadata"] = meta
+        bodies.append(body)
+    names = []
+    for body in bodies:
+        try:
+            created = await create_claim(access, body)
+        except ClaimCreationError as err:
+            name = body["metadata"].get("name")
+            raise PodAdmissionError(f"creating claim {name!r}: {err}") from err
+        names.append(created["metadata"]["name"])
+    return names
+
+
+async def admit(
+    access: ApiAccess,
+    node_name: str,
+    pod: PodReference,
+    namespace: str,
+    claims: Sequence[ClaimSource],
+) -> PodClaims:
+    """The scheduler's part: create the claims given as manifests, allocate on ``node_name``
+    (through the allocator) those that are not allocated yet, reserve all for ``pod``.
+    Raises :class:`PodAdmissionError` (claims allocated before the failing one stay so)."""
+    manifests = [c for c in claims if not isinstance(c, str)]
+    created = iter(await create_claims(access, manifests, namespace))
+    names = [c if isinstance(c, str) else next(created) for c in claims]
+    stored: list[Obj] = []
+    for name in names:
+        try:
+            stored.append(
+                await allocate_existing_claim(
+                    access, namespace, name, node_name, reserved_for=(pod,)
+                )
+            )
+        except (AllocationFailedError, ClaimCreationError) as err:
+            raise PodAdmissionError(f"pod {namespace}/{pod.name}: {err}") from err
+    return PodClaims(pod, namespace, stored, group_by_driver(stored))
+
+
+async def release(access: ApiAccess, pod: PodClaims, *, delete_claims: bool) -> None:
+    """After the pod's claims were unprepared: delete them (claims generated from templates)
+    or unreserve them, deallocating those no other pod uses."""
+    for ref in pod.refs:
+        await release_claim(access, ref.namespace, ref.name, pod.pod, delete=delete_claims)
