@@ -9,11 +9,17 @@ share one):
   stay under 108 bytes), its log in ``<workdir>/agent-<n>.log``;
 - the kubelet emulator, in the test's event loop, watching the registry directory.
 
-Everything is reached through :class:`AgentHarness` (fixture ``harness``): create allocated
-claims, prepare and unprepare them as the kubelet does, stop, crash and restart the agent
+Everything is reached through :class:`AgentHarness` (fixture ``harness``): create claims and
+have the allocator pick their devices as kube-scheduler would (:meth:`AgentHarness.allocate`,
+or :meth:`AgentHarness.run_pod` for the kubelet emulator's whole pod start), prepare and
+unprepare them as the kubelet does, stop, crash and restart the agent
 (:meth:`AgentHarness.start_agent` takes extra environment, e.g. ``GPU_DRA_AGENT_CRASH_AT``),
 and check that the checkpoint and the CDI directory agree (:meth:`AgentHarness.assert_consistent`).
 A test that needs its own agent lifecycle takes ``fresh_harness`` instead (no agent started).
+Tests do not name devices: :meth:`AgentHarness.claim` writes a hand-made allocation and is
+kept for deliberate negative cases (unknown devices, another node's pool, two claims on one
+device), each saying why. After every test the claims it created are unprepared (if the agent
+still holds them) and deleted, so one test's allocations never exhaust the next one's devices.
 """
 
 from __future__ import annotations
@@ -35,11 +41,17 @@ from anyio.abc import Process
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint import ClaimState, from_dict
 from agent.node.checkpoint_store import FILE_NAME as CHECKPOINT_FILE
-from agent.sim.allocation import ApiAccess, claim_from_request, create_and_allocate_claim
+from agent.sim.allocation import (
+    ApiAccess,
+    claim_from_request,
+    create_and_allocate_claim,
+    create_claim,
+    delete_claim,
+)
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, PodReference, create_allocated_claim
 from agent.sim.deviceclasses import default_device_classes
-from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
+from agent.sim.kubelet import ClaimRef, ClaimSource, EventKind, KubeletEmulator, PodClaims
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
@@ -47,6 +59,32 @@ PROFILE = "dgx-h100"
 NAMESPACE = "default"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 20.0
+GPU_CLASS = "gpu.nvidia.com"
+
+
+def gpu_request(
+    name: str = "gpu",
+    *,
+    count: int = 1,
+    selectors: Sequence[str] = (),
+    all_devices: bool = False,
+    device_class: str = GPU_CLASS,
+) -> dict[str, Any]:
+    """A claim request as a user writes it: ``count`` devices of the class (or all of them)
+    matching every CEL selector."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if all_devices:
+        exactly["allocationMode"] = "All"
+    elif count != 1:
+        exactly["count"] = count
+    if selectors:
+        exactly["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    return {"name": name, "exactly": exactly}
+
+
+def allocated_devices(claim: Mapping[str, Any]) -> list[str]:
+    """The device names the allocator wrote into the claim's ``status.allocation``."""
+    return [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +137,10 @@ class AgentHarness:
         self.kubelet = kubelet
         self.kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
         self.agent: AgentProcess | None = None
+        self.api = ApiAccess(server.url, server.token)
         self._starts = 0
         self._claims = 0
+        self._created: list[ClaimRef] = []  # by this test; deleted after it
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -231,7 +271,9 @@ class AgentHarness:
         configs: Sequence[OpaqueConfig] = (),
         reserved_for: Sequence[PodReference] | None = None,
     ) -> ClaimRef:
-        """Create an allocated ResourceClaim for ``devices`` and return the kubelet's view."""
+        """Create a claim with a hand-written allocation of ``devices`` (no allocator): only
+        for what a scheduler would never write (unknown devices, another node's pool, one
+        exclusive device in two claims); everything else uses :meth:`allocate`."""
         self._claims += 1
         name = name or f"claim-{self._claims}"
         allocated = [AllocatedDevice(request=request, device=d, pool=pool) for d in devices]
@@ -244,7 +286,7 @@ class AgentHarness:
             reserved_for=reserved_for,
             node_name=NODE,
         )
-        return ClaimRef(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"])
+        return self._track(created)
 
     async def allocate(
         self,
@@ -252,15 +294,65 @@ class AgentHarness:
         *,
         name: str | None = None,
         constraints: Sequence[dict[str, Any]] = (),
+        config: Sequence[dict[str, Any]] = (),
     ) -> tuple[ClaimRef, dict[str, Any]]:
         """Create a claim with one ``request`` (name plus ``exactly`` or ``firstAvailable``)
-        and have the allocator pick its devices, as kube-scheduler would; returns the
-        kubelet's view and the stored claim."""
+        and have the allocator pick its devices, as kube-scheduler would, once the agent has
+        published its slices; returns the kubelet's view and the stored claim."""
+        await self.wait_slices()
         self._claims += 1
         name = name or f"claim-{self._claims}"
-        manifest = claim_from_request(name, request, namespace=NAMESPACE, constraints=constraints)
-        created = await create_and_allocate_claim(ApiAccess(self.server.url), manifest, NODE)
-        return ClaimRef(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"]), created
+        manifest = claim_from_request(
+            name, request, namespace=NAMESPACE, constraints=constraints, config=config
+        )
+        try:
+            created = await create_and_allocate_claim(self.api, manifest, NODE)
+        finally:
+            self._created.append(ClaimRef(namespace=NAMESPACE, name=name, uid=""))
+        return self._track(created), created
+
+    async def pending(self, request: Mapping[str, Any], *, name: str) -> ClaimRef:
+        """Create a claim and leave it unallocated (the scheduler has not got to it)."""
+        created = await create_claim(self.api, claim_from_request(name, request))
+        return self._track(created)
+
+    async def run_pod(self, pod: str, claims: Sequence[ClaimSource]) -> PodClaims:
+        """The kubelet emulator starts a pod: claims allocated by the allocator, then prepared."""
+        await self.wait_slices()
+        names = [c if isinstance(c, str) else c["metadata"]["name"] for c in claims]
+        self._created += [ClaimRef(namespace=NAMESPACE, name=n, uid="") for n in names]
+        started = await self.kubelet.run_pod(pod, claims, namespace=NAMESPACE)
+        for claim in started.claims:
+            self._track(claim)
+        return started
+
+    def _track(self, created: Mapping[str, Any]) -> ClaimRef:
+        meta = created["metadata"]
+        ref = ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        self._created = [c for c in self._created if c.name != ref.name] + [ref]
+        return ref
+
+    async def device_attribute(self, device: str, attribute: str) -> Any:
+        """The published value of one attribute of ``device`` (to select it, as a user would
+        select a GPU by UUID)."""
+        for item in await self.wait_slices():
+            for entry in item["spec"].get("devices", []):
+                if entry["name"] == device:
+                    return next(iter(entry["attributes"][attribute].values()))
+        raise AssertionError(f"{device} is not published")
+
+    async def delete_claims(self) -> None:
+        """Unprepare (while the agent runs and holds them) and delete the claims this test
+        created, as kubelet and garbage collector would once its pods are gone."""
+        created, self._created = self._created, []
+        held = self.checkpoint_claims()
+        prepared = [c for c in created if c.uid in held]
+        running = self.agent is not None and self.agent.returncode is None
+        if prepared and running and self.kubelet.registrations(DRIVER):
+            answers = await self.unprepare(*prepared)
+            assert all(not a.error for a in answers.values()), answers
+        for ref in created:
+            await delete_claim(self.api, ref.namespace, ref.name)
 
     async def prepare(self, *claims: ClaimRef) -> dict[str, Any]:
         return await self.kubelet.prepare(DRIVER, list(claims))
@@ -307,7 +399,10 @@ async def fresh_harness(workdir: Path) -> AsyncIterator[AgentHarness]:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         for device_class in default_device_classes():
             server.put_object(device_class)
-        async with KubeletEmulator(workdir / "registry", node_name=NODE, poll_interval=0.05) as kl:
+        access = ApiAccess(server.url, server.token)
+        async with KubeletEmulator(
+            workdir / "registry", node_name=NODE, poll_interval=0.05, api_access=access
+        ) as kl:
             harness = AgentHarness(workdir, server, kl)
             try:
                 yield harness
@@ -324,3 +419,16 @@ async def harness(fresh_harness: AgentHarness) -> AsyncIterator[AgentHarness]:
     assert fresh_harness.agent is not None
     if fresh_harness.agent.returncode is None:
         assert await fresh_harness.stop_agent() == 0, fresh_harness.agent.log()
+
+
+@pytest.fixture(autouse=True)
+async def _claims_deleted_after_each_test(
+    request: pytest.FixtureRequest, anyio_backend: str
+) -> AsyncIterator[None]:
+    """Per-test cleanup of the claims a test created through the module's harness."""
+    harness: AgentHarness | None = None
+    if "fresh_harness" in request.fixturenames:
+        harness = request.getfixturevalue("fresh_harness")
+    yield
+    if harness is not None:
+        await harness.delete_claims()

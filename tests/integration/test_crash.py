@@ -14,7 +14,13 @@ import pytest
 
 from agent.node.crash import CRASH_POINTS, ENV_VAR, EXIT_STATUS
 from agent.sim.kubelet import DraCallError
-from tests.integration.conftest import NAMESPACE, NODE, AgentHarness
+from tests.integration.conftest import (
+    NAMESPACE,
+    NODE,
+    AgentHarness,
+    allocated_devices,
+    gpu_request,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -42,7 +48,7 @@ def test_every_crash_point_is_covered() -> None:
 async def test_crash_during_prepare(crash_harness: AgentHarness, point: str) -> None:
     harness = crash_harness
     await harness.start_agent({ENV_VAR: point})
-    ref = await harness.claim(["gpu-0", "gpu-1"], name=f"crash-{point}")
+    ref, claim = await harness.allocate(gpu_request(count=2), name=f"crash-{point}")
     with pytest.raises(DraCallError):
         await harness.prepare(ref)
     await _restart(harness)
@@ -50,7 +56,7 @@ async def test_crash_during_prepare(crash_harness: AgentHarness, point: str) -> 
 
     result = (await harness.prepare(ref))[ref.uid]  # the kubelet's retry
     assert result.error == ""
-    assert sorted(d.device_name for d in result.devices) == ["gpu-0", "gpu-1"]
+    assert sorted(d.device_name for d in result.devices) == sorted(allocated_devices(claim))
     assert harness.cdi_spec_path(ref.uid).exists()
     harness.assert_consistent()
 
@@ -63,7 +69,8 @@ async def test_crash_during_prepare(crash_harness: AgentHarness, point: str) -> 
 async def test_crash_during_unprepare(crash_harness: AgentHarness, point: str) -> None:
     harness = crash_harness
     await harness.start_agent({ENV_VAR: point})
-    ref = await harness.claim(["gpu-2"], name=f"crash-{point}")
+    ref, claim = await harness.allocate(gpu_request(), name=f"crash-{point}")
+    [device] = allocated_devices(claim)
     assert (await harness.prepare(ref))[ref.uid].error == ""
     with pytest.raises(DraCallError):
         await harness.unprepare(ref)
@@ -72,8 +79,12 @@ async def test_crash_during_unprepare(crash_harness: AgentHarness, point: str) -
 
     assert (await harness.unprepare(ref))[ref.uid].error == ""  # the kubelet's retry
     assert harness.checkpoint_claims() == {} and harness.cdi_claim_uids() == set()
-    # the device is free again
-    again = await harness.claim(["gpu-2"], name=f"again-{point}")
+    # the device is free again: once the claim is gone it can be allocated and prepared anew
+    await harness.delete_claims()
+    uuid = await harness.device_attribute(device, "uuid")
+    pinned = gpu_request(selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
+    again, claim = await harness.allocate(pinned, name=f"again-{point}")
+    assert allocated_devices(claim) == [device]
     assert (await harness.prepare(again))[again.uid].error == ""
     assert (await harness.unprepare(again))[again.uid].error == ""
     assert await harness.stop_agent() == 0
@@ -99,7 +110,7 @@ async def test_corrupt_checkpoint_is_quarantined_with_a_warning_event(
     ]
     assert warnings, json.dumps(harness.server.list_objects("events", NAMESPACE), indent=1)
 
-    ref = await harness.claim(["gpu-3"], name="after-corruption")  # still serving
+    ref, _ = await harness.allocate(gpu_request(), name="after-corruption")  # still serving
     assert (await harness.prepare(ref))[ref.uid].error == ""
     assert (await harness.unprepare(ref))[ref.uid].error == ""
     assert await harness.stop_agent() == 0
