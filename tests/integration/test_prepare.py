@@ -1,13 +1,25 @@
 """The real agent process driven by the kubelet emulator: registration, prepare, unprepare,
-and every way a claim can be refused."""
+and every way a claim can be refused. Claims are allocated by the allocator (as kube-scheduler
+would); only the negative cases that need an allocation no scheduler writes name devices."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.sim.claims import OpaqueConfig, PodReference
+from agent.sim.allocation import claim_from_request
+from agent.sim.claims import PodReference
 from agent.sim.kubelet import ClaimRef
-from tests.integration.conftest import DRIVER, NAMESPACE, NODE, AgentHarness
+from tests.integration.conftest import (
+    DRIVER,
+    NAMESPACE,
+    NODE,
+    AgentHarness,
+    allocated_devices,
+    gpu_request,
+)
+
+MEMORY_80GI = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
+SAME_NUMA = [{"matchAttribute": "resource.kubernetes.io/numaNode"}]
 
 pytestmark = pytest.mark.anyio
 
@@ -34,15 +46,7 @@ async def test_slices_are_published(harness: AgentHarness) -> None:
 
 async def test_prepare_one_gpu(harness: AgentHarness) -> None:
     # one H100 with 80Gi, as a user asks for it; the allocator (as kube-scheduler) picks it
-    memory = "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80Gi')) >= 0"
-    request = {
-        "name": "gpu",
-        "exactly": {
-            "deviceClassName": "gpu.nvidia.com",
-            "selectors": [{"cel": {"expression": memory}}],
-        },
-    }
-    ref, claim = await harness.allocate(request)
+    ref, claim = await harness.allocate(gpu_request(selectors=[MEMORY_80GI]))
     [chosen] = claim["status"]["allocation"]["devices"]["results"]
     results = await harness.prepare(ref)
     result = results[ref.uid]
@@ -57,10 +61,13 @@ async def test_prepare_one_gpu(harness: AgentHarness) -> None:
 
 
 async def test_prepare_eight_gpus_then_again_gives_the_same_answer(harness: AgentHarness) -> None:
-    ref = await harness.claim([f"gpu-{i}" for i in range(8)], request="all")
+    # allocationMode All: every GPU of the node, so no earlier test may still hold one
+    ref, claim = await harness.allocate(gpu_request("all", all_devices=True))
+    assert sorted(allocated_devices(claim)) == [f"gpu-{i}" for i in range(8)]
     first = (await harness.prepare(ref))[ref.uid]
     assert first.error == ""
     assert sorted(d.device_name for d in first.devices) == [f"gpu-{i}" for i in range(8)]
+    assert {tuple(d.request_names) for d in first.devices} == {("all",)}
     spec = harness.cdi_spec_path(ref.uid)
     spec.unlink()  # someone deleted the CDI file: a re-prepare must recreate it
     second = (await harness.prepare(ref))[ref.uid]
@@ -72,7 +79,7 @@ async def test_prepare_eight_gpus_then_again_gives_the_same_answer(harness: Agen
 
 
 async def test_unprepare_twice_and_unknown_claim(harness: AgentHarness) -> None:
-    ref = await harness.claim(["gpu-1"])
+    ref, _ = await harness.allocate(gpu_request())
     assert (await harness.prepare(ref))[ref.uid].error == ""
     assert (await harness.unprepare(ref))[ref.uid].error == ""
     assert (await harness.unprepare(ref))[ref.uid].error == ""
@@ -93,7 +100,7 @@ async def test_unknown_claim_is_refused(harness: AgentHarness) -> None:
 
 
 async def test_uid_mismatch_is_refused(harness: AgentHarness) -> None:
-    ref = await harness.claim(["gpu-2"])
+    ref, _ = await harness.allocate(gpu_request())
     stale = ClaimRef(
         namespace=ref.namespace, name=ref.name, uid="6ba7b811-9dad-11d1-80b4-00c04fd430c8"
     )
@@ -102,38 +109,40 @@ async def test_uid_mismatch_is_refused(harness: AgentHarness) -> None:
 
 
 async def test_unallocated_claim_is_refused(harness: AgentHarness) -> None:
-    ref = await harness.claim(["gpu-2"], name="unallocated")
-    stored = harness.server.get_object("resourceclaims", "unallocated", NAMESPACE)
-    assert stored is not None
-    stored["status"] = {}
-    harness.server.put_object(stored)
+    # created, but the scheduler has not allocated it
+    ref = await harness.pending(gpu_request(), name="unallocated")
     error = (await harness.prepare(ref))[ref.uid].error
     assert "is not allocated" in error
 
 
 async def test_claim_for_another_nodes_pool_is_refused(harness: AgentHarness) -> None:
+    # names devices on purpose: the allocator would never give this node's kubelet a claim
+    # allocated from another node's pool, which is what the agent must refuse
     ref = await harness.claim(["gpu-3"], pool="node-b")
     error = (await harness.prepare(ref))[ref.uid].error
     assert "allocated for another node" in error
 
 
 async def test_two_claims_on_one_exclusive_device(harness: AgentHarness) -> None:
-    first = await harness.claim(["gpu-4"])
-    second = await harness.claim(["gpu-4"], reserved_for=[PodReference("other-pod")])
+    first, claim = await harness.allocate(gpu_request())
+    [device] = allocated_devices(claim)
+    # names the device on purpose: the allocator never gives one exclusive device to two
+    # claims; the agent must still refuse it when a broken scheduler or a stale copy does
+    second = await harness.claim([device], reserved_for=[PodReference("other-pod")])
     assert (await harness.prepare(first))[first.uid].error == ""
     error = (await harness.prepare(second))[second.uid].error
-    assert "gpu-4" in error
+    assert device in error
     assert (await harness.unprepare(first))[first.uid].error == ""
     assert (await harness.prepare(second))[second.uid].error == ""  # free again
     assert (await harness.unprepare(second))[second.uid].error == ""
 
 
 async def test_invalid_opaque_config_is_refused(harness: AgentHarness) -> None:
-    config = OpaqueConfig(
-        parameters={"apiVersion": "resource.nvidia.com/v1beta1", "kind": "NoSuchConfig"},
-        driver=DRIVER,
-    )
-    ref = await harness.claim(["gpu-5"], configs=[config])
+    parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "NoSuchConfig"}
+    config = [{"opaque": {"driver": DRIVER, "parameters": parameters}}]
+    ref, claim = await harness.allocate(gpu_request(), config=config)
+    # the scheduler copies the claim's config into the allocation
+    assert claim["status"]["allocation"]["devices"]["config"][0]["source"] == "FromClaim"
     error = (await harness.prepare(ref))[ref.uid].error
     assert error and "NoSuchConfig" in error
     assert not harness.cdi_spec_path(ref.uid).exists()
@@ -150,9 +159,40 @@ async def test_path_like_uid_is_refused_and_writes_nothing(harness: AgentHarness
 
 
 async def test_batch_with_good_and_bad_claims(harness: AgentHarness) -> None:
-    good = await harness.claim(["gpu-6"])
+    good, _ = await harness.allocate(gpu_request())
     bad = ClaimRef(namespace=NAMESPACE, name="missing", uid="6ba7b812-9dad-11d1-80b4-00c04fd430c8")
     results = await harness.prepare(good, bad)
     assert results[good.uid].error == "" and results[bad.uid].error != ""
     assert (await harness.unprepare(good, bad))[good.uid].error == ""
     harness.assert_consistent()
+
+
+async def test_kubelet_runs_a_pod_whose_claims_the_allocator_places(harness: AgentHarness) -> None:
+    # a pod with two claims: four GPUs on one NUMA node (a new claim) and one more GPU (a
+    # claim already stored, still unallocated); the emulator allocates, then prepares both
+    await harness.pending(gpu_request(), name="pod-single")
+    four = claim_from_request("pod-four", gpu_request(count=4), constraints=SAME_NUMA)
+    pod = await harness.run_pod("trainer", [four, "pod-single"])
+    assert pod.errors() == {}
+    [four_claim, single_claim] = pod.claims
+    numa = {
+        await harness.device_attribute(d, "resource.kubernetes.io/numaNode")
+        for d in allocated_devices(four_claim)
+    }
+    assert len(allocated_devices(four_claim)) == 4 and len(numa) == 1
+    assert not set(allocated_devices(single_claim)) & set(allocated_devices(four_claim))
+    for claim, ref in zip(pod.claims, pod.refs, strict=True):
+        answer = pod.results[DRIVER][ref.uid]
+        assert sorted(d.device_name for d in answer.devices) == sorted(allocated_devices(claim))
+        assert harness.cdi_spec_path(ref.uid).exists()
+        assert pod.cdi_device_ids()[ref.name]
+    harness.assert_consistent()
+
+    answers = await harness.kubelet.end_pod(pod)
+    assert {uid: a.error for uid, a in answers[DRIVER].items()} == {r.uid: "" for r in pod.refs}
+    assert harness.checkpoint_claims() == {}
+    for ref in pod.refs:  # released: unreserved and deallocated, the devices free again
+        stored = harness.server.get_object("resourceclaims", ref.name, NAMESPACE)
+        assert stored is not None and "allocation" not in stored.get("status", {})
+    everything, _ = await harness.allocate(gpu_request("all", all_devices=True))
+    assert (await harness.prepare(everything))[everything.uid].error == ""
