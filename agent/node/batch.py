@@ -13,6 +13,13 @@ The claims of a request that are not prepared yet go through three steps:
 3. *Completion*: one ``PrepareCompleted`` write for every claim whose spec is on disk (it
    also drops the started entries of the claims that failed), and only then the answers.
 
+A claim with devices that an effector makes (a dynamic MIG instance, ``effectors``) has one
+more step between 2 and its spec: the effector's intents are written into the claim's
+``PrepareStarted`` entry (one more checkpoint write, for that claim's request only), then the
+hardware is changed and the live ids come back for the spec and the completion record. What
+an earlier attempt of the claim left (intents still recorded) is undone first; what a failed
+attempt cannot undo stays recorded as ``PrepareStarted`` for the next attempt and startup.
+
 So the critical path of a one-claim prepare is max(GET + spec write, intent write) + one
 checkpoint write. A claim's failure fails that claim only; a failed checkpoint write fails
 the batch, and the in-memory checkpoint is put back to what is on disk, so nothing is
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -34,6 +42,7 @@ from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.commit import CheckpointCommitter, restore_claim
 from agent.node.crash import crash_point
+from agent.node.effectors import EffectFailed, Effects
 from agent.node.errors import NodeError
 from agent.node.facts import claim_spec
 from agent.node.holders import DeviceHolders, Prepared
@@ -80,8 +89,11 @@ class PrepareBatch:
         holders: DeviceHolders,
         planner: Planner,
         spans: Mapping[str, trace.Span],
+        effects: Effects | None = None,
     ) -> None:
         self._state = state
+        self._effects = effects or Effects()
+        self._leftover: dict[str, tuple[cp.Intent, ...]] = {}  # intents a failure left
         self._specs = specs
         self._holders = holders
         self._planner = planner
@@ -137,12 +149,26 @@ class PrepareBatch:
             except PrepareRefused as error:
                 self._failures[ref.uid] = str(error)
                 return
-            holders = self._holders.holders(self._state.checkpoint)
-            conflict = self._holders.conflict(ref.uid, devices, holders, self._state.checkpoint)
+            checkpoint = self._state.checkpoint
+            holders = self._holders.holders(checkpoint)
+            conflict = self._holders.conflict(ref.uid, devices, holders, checkpoint)
+            if conflict is None and self._effects:
+                conflict = self._effects.conflict(
+                    ref.uid,
+                    devices,
+                    self._holders.held(checkpoint),
+                    lambda uid: self._holders.describe(checkpoint, uid),
+                )
             if conflict is not None:
                 self._failures[ref.uid] = conflict
                 return
             self._holders.reserve(ref.uid, devices)
+            if self._effects:
+                made = await self._effect(ref.uid, devices)
+                if made is None:
+                    return
+                devices = made
+                self._holders.reserve(ref.uid, devices)
             try:
                 with anyio.CancelScope(shield=True):
                     await write_spec(self._specs, ref.uid, devices)
@@ -151,6 +177,41 @@ class PrepareBatch:
                 return
         self._written[ref.uid] = devices
         crash_point("after-cdi-write")
+
+    async def _effect(self, uid: str, devices: Prepared) -> Prepared | None:
+        """Undo what an earlier attempt left, then let the effectors make ``devices``
+        (shielded: a hardware change is never abandoned halfway); None when it failed."""
+        unhandled = self._effects.unhandled(devices)
+        if unhandled:
+            self._failures[uid] = (
+                f"claim {uid}: device(s) {', '.join(unhandled)} are made on prepare, and no "
+                "effector of this agent makes them"
+            )
+            return None
+        try:
+            with anyio.CancelScope(shield=True):
+                entry = self._state.checkpoint.claims.get(uid)
+                if entry is not None and entry.intents:
+                    if entry.state is cp.ClaimState.PREPARE_STARTED:
+                        await self._effects.undo(uid, entry.intents, entry.devices)
+                        self._state.update(cp.record_intents(self._state.checkpoint, uid, ()))
+                        before = self._previous.get(uid)
+                        if before is not None:  # a failure must not bring them back
+                            self._previous[uid] = replace(before, intents=())
+                return await self._effects.apply(
+                    uid, devices, lambda intents: self._record(uid, intents)
+                )
+        except EffectFailed as error:
+            self._failures[uid] = str(error)
+            self._leftover[uid] = error.leftover
+        except NodeError as error:  # the intent write failed: nothing was changed
+            self._failures[uid] = str(error)
+        return None
+
+    async def _record(self, uid: str, intents: tuple[cp.Intent, ...]) -> None:
+        """Write ``uid``'s intents into its started entry, durably."""
+        self._state.update(cp.record_intents(self._state.checkpoint, uid, intents))
+        await self._state.commit(more=True)
 
     async def _commit_started(self, write: Coroutine[Any, Any, None]) -> None:
         try:
@@ -189,11 +250,18 @@ class PrepareBatch:
             results[uid] = answer(devices)
             self._holders.settle(uid)
 
-    def _started(self, checkpoint: cp.Checkpoint, uid: str) -> cp.Checkpoint:
-        """``checkpoint`` with ``uid`` started under the name the kubelet gave."""
+    def _started(
+        self, checkpoint: cp.Checkpoint, uid: str, intents: tuple[cp.Intent, ...] | None = None
+    ) -> cp.Checkpoint:
+        """``checkpoint`` with ``uid`` started under the name the kubelet gave, keeping its
+        entry's intents (or holding ``intents``)."""
         ref = self._refs[uid]
+        previous = checkpoint.claims.get(uid)
+        if intents is None:
+            intents = previous.intents if previous is not None else ()
         checkpoint = cp.remove_claim(checkpoint, uid)
-        return cp.mark_started(checkpoint, uid, ref.namespace, ref.name)
+        checkpoint = cp.mark_started(checkpoint, uid, ref.namespace, ref.name)
+        return cp.record_intents(checkpoint, uid, intents) if intents else checkpoint
 
     async def _restore(self, uids: list[str], *, keep_started: bool = False) -> None:
         """Put back the entries ``uids`` had before the batch and end their reservations.
@@ -213,6 +281,10 @@ class PrepareBatch:
                 checkpoint = self._started(checkpoint, uid)
             elif before is not None:
                 checkpoint = restore_claim(checkpoint, before)
+            leftover = self._leftover.get(uid)
+            entry = checkpoint.claims.get(uid)
+            if leftover and (entry is None or entry.state is cp.ClaimState.PREPARE_STARTED):
+                checkpoint = self._started(checkpoint, uid, leftover)  # undone later
         self._state.update(checkpoint)
         if keep_started:
             return

@@ -10,6 +10,12 @@ numbers, the effective opaque config, whether the device was prepared for ``admi
 (so that after a restart or a reload it still does not count as exclusive) and the CDI spec
 file name.
 
+A claim whose devices an effector creates on prepare (a dynamic MIG instance,
+``agent.node.effectors``) also carries *intents*: what the effector is about to create, written
+durably before it touches the hardware and kept until the hardware change is undone, so that
+a crash at any step leaves enough on disk to find and roll back what was created. A claim
+without intents is stored exactly as before (no ``intents`` key).
+
 The document carries a schema version, the node's boot id (a reboot invalidates every
 prepared claim, user-pain.md item 1) and a SHA-256 checksum over the canonical JSON of the
 rest. This module is the pure half: immutable records, strict (de)serialization and the
@@ -61,6 +67,38 @@ class MigInstance:
 
 
 @dataclass(frozen=True)
+class Intent:
+    """A hardware change an effector makes for one device of a claim, recorded before it.
+
+    ``parameters`` are the effector's own (for MIG: the parent GPU's UUID, the GPU-instance
+    profile and placement); the checkpoint only checks that they are strings or non-negative
+    integers, kept in key order so that equal intents compare equal.
+    """
+
+    effector: str
+    device: str
+    parameters: tuple[tuple[str, str | int], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parameters", tuple(sorted(self.parameters)))
+
+    def get(self, key: str) -> str | int | None:
+        return next((value for name, value in self.parameters if name == key), None)
+
+    def integer(self, key: str) -> int:
+        value = self.get(key)
+        if not isinstance(value, int):
+            raise NodeError(f"intent of {self.device}: parameter {key} is not an integer")
+        return value
+
+    def string(self, key: str) -> str:
+        value = self.get(key)
+        if not isinstance(value, str):
+            raise NodeError(f"intent of {self.device}: parameter {key} is not a string")
+        return value
+
+
+@dataclass(frozen=True)
 class PreparedDevice:
     """One prepared device: the kubelet's view of it plus what is needed to undo it."""
 
@@ -96,6 +134,8 @@ class PreparedClaim:
     state: ClaimState
     devices: tuple[PreparedDevice, ...] = ()
     cdi_spec_file: str | None = None
+    #: Hardware changes made (or about to be made) for this claim; see the module docstring.
+    intents: tuple[Intent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,13 +153,24 @@ class Checkpoint:
 
 
 def mark_started(checkpoint: Checkpoint, uid: str, namespace: str, name: str) -> Checkpoint:
-    """Record that preparing ``uid`` begins; a started claim keeps its recorded devices."""
+    """Record that preparing ``uid`` begins; a started claim keeps its recorded devices and
+    intents (what an earlier attempt may have left on the hardware)."""
     cdi.validate_claim_uid(uid)
     previous = checkpoint.claims.get(uid)
     if previous is not None and previous.state is ClaimState.PREPARE_COMPLETED:
         raise NodeError(f"claim {uid} is already prepared; unprepare it before preparing again")
     devices = previous.devices if previous is not None else ()
-    claim = PreparedClaim(uid, namespace, name, ClaimState.PREPARE_STARTED, devices)
+    intents = previous.intents if previous is not None else ()
+    claim = PreparedClaim(uid, namespace, name, ClaimState.PREPARE_STARTED, devices, None, intents)
+    return replace(checkpoint, claims={**checkpoint.claims, uid: claim})
+
+
+def record_intents(checkpoint: Checkpoint, uid: str, intents: Iterable[Intent]) -> Checkpoint:
+    """``uid`` (started) with its intents replaced by ``intents``."""
+    previous = checkpoint.claims.get(uid)
+    if previous is None or previous.state is not ClaimState.PREPARE_STARTED:
+        raise NodeError(f"claim {uid}: intents are recorded only while it is PrepareStarted")
+    claim = replace(previous, intents=tuple(intents))
     return replace(checkpoint, claims={**checkpoint.claims, uid: claim})
 
 
@@ -216,13 +267,19 @@ def from_dict(document: Any) -> Checkpoint:
 
 
 def _claim_to_dict(claim: PreparedClaim) -> dict[str, Any]:
-    return {
+    document: dict[str, Any] = {
         "namespace": claim.namespace,
         "name": claim.name,
         "state": str(claim.state),
         "devices": [_device_to_dict(device) for device in claim.devices],
         "cdiSpecFile": claim.cdi_spec_file,
     }
+    if claim.intents:  # absent otherwise: files without them stay readable by older agents
+        document["intents"] = [
+            {"effector": i.effector, "device": i.device, "parameters": dict(i.parameters)}
+            for i in claim.intents
+        ]
+    return document
 
 
 def _device_to_dict(device: PreparedDevice) -> dict[str, Any]:
@@ -263,7 +320,7 @@ def _claim_from_dict(uid: str, raw: Any) -> PreparedClaim:
         cdi.validate_claim_uid(uid)
     except cdi.InvalidClaimUidError as error:
         raise CheckpointFormatError(f"{path}: {error}") from None
-    _keys(raw, path, _CLAIM_KEYS)
+    _keys(raw, path, _CLAIM_KEYS | {"intents"})
     state = raw.get("state")
     if state not in {member.value for member in ClaimState}:
         raise CheckpointFormatError(f"{path}.state: {state!r} is not PrepareStarted/Completed")
@@ -282,9 +339,39 @@ def _claim_from_dict(uid: str, raw: Any) -> PreparedClaim:
         ClaimState(state),
         tuple(_device_from_dict(d, f"{path}.devices[{i}]") for i, d in enumerate(devices)),
         spec_file,
+        _intents_from(raw.get("intents", []), f"{path}.intents"),
     )
     _check_claim(claim, path)
     return claim
+
+
+def _intents_from(raw: Any, path: str) -> tuple[Intent, ...]:
+    if not isinstance(raw, list):
+        raise CheckpointFormatError(f"{path}: must be a list")
+    intents = []
+    for index, item in enumerate(raw):
+        where = f"{path}[{index}]"
+        _keys(item, where, {"effector", "device", "parameters"})
+        parameters = item.get("parameters", {})
+        if not isinstance(parameters, Mapping) or not all(
+            isinstance(key, str)
+            and (
+                (isinstance(value, str) and value)
+                or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+            )
+            for key, value in parameters.items()
+        ):
+            raise CheckpointFormatError(
+                f"{where}.parameters: must map names to non-empty strings or non-negative integers"
+            )
+        intents.append(
+            Intent(
+                _str(item, "effector", where),
+                _str(item, "device", where),
+                tuple(parameters.items()),
+            )
+        )
+    return tuple(intents)
 
 
 def _device_from_dict(raw: Any, path: str) -> PreparedDevice:

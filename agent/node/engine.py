@@ -59,6 +59,11 @@ Lock order (outermost first; a holder may only take locks further down):
 The checkpoint and the CDI writes of a batch are shielded from cancellation, so a kubelet
 deadline that expires mid-request leaves memory and disk in agreement.
 
+Devices that must be *made* on prepare (dynamic MIG instances) are the business of device
+effectors (``effectors``): the engine hands them the planned devices of a claim, records the
+intents they report in the claim's ``PrepareStarted`` entry, and asks them to undo on
+unprepare and to recover at startup; it has no branch for any kind of device.
+
 Public API: ``PrepareEngine(...)``; ``await start() -> StartupReport``; ``await
 prepare(claims) -> {uid: ClaimPrepareResult}``; ``await unprepare(claims) -> {uid: error or
 None}``; ``await close()`` (waits for requests in flight; the last one releases the lock).
@@ -66,6 +71,7 @@ None}``; ``await close()`` (waits for requests in flight; the last one releases 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -86,6 +92,7 @@ from agent.node.checkpoint_store import CheckpointStore, LoadStatus
 from agent.node.commit import CheckpointCommitter
 from agent.node.crash import crash_point
 from agent.node.durable import NodeLock
+from agent.node.effectors import DeviceEffector, Effects
 from agent.node.errors import NodeError
 from agent.node.facts import HostFacts
 from agent.node.holders import DeviceHolders, Prepared
@@ -122,7 +129,11 @@ class PrepareEngine:
         events: EventPoster,
         lock_timeout_s: float = 10.0,
         driver_root_mount: Path | None = None,
+        dynamic_mig: bool = False,
+        effectors: Sequence[DeviceEffector] = (),
     ) -> None:
+        """``dynamic_mig``: partitionable GPUs offer their MIG placements as devices, which
+        an effector of ``effectors`` (``agent.mig``) makes on prepare."""
         self.driver = driver
         self.pool = node_name
         self._inventory = inventory
@@ -132,6 +143,8 @@ class PrepareEngine:
         self._driver_files = Path(driver_root_mount or driver_root)  # where we read it
         self._reader = claim_reader
         self._events = events
+        self._dynamic_mig = dynamic_mig
+        self._effects = Effects(effectors)
         self._store = CheckpointStore(self._plugin_dir, boot_id)
         self._specs = CdiSpecDirectory(Path(cdi_root), driver)
         self._node_lock = SharedNodeLock(
@@ -156,17 +169,20 @@ class PrepareEngine:
         """
         await anyio.to_thread.run_sync(self._make_directories)
         self._facts = await anyio.to_thread.run_sync(
-            HostFacts.read,
-            self.driver,
-            self.pool,
-            self._inventory,
-            self._host_root,
-            self._driver_root,
-            self._driver_files,
+            functools.partial(
+                HostFacts.read,
+                self.driver,
+                self.pool,
+                self._inventory,
+                self._host_root,
+                self._driver_root,
+                self._driver_files,
+                dynamic_mig=self._dynamic_mig,
+            )
         )
         async with self._node_lock.hold():
             checkpoint, report = await reconcile(
-                self._store, self._specs, self._facts, self._events
+                self._store, self._specs, self._facts, self._events, effects=self._effects
             )
             self._state = self._committer = CheckpointCommitter(
                 self._store, checkpoint, tidy=self._store.close_retired, driver=self.driver
@@ -198,7 +214,7 @@ class PrepareEngine:
             if loaded.status is not LoadStatus.LOADED:
                 assert self._facts is not None
                 checkpoint, _ = await reconcile(
-                    self._store, self._specs, self._facts, self._events, loaded
+                    self._store, self._specs, self._facts, self._events, loaded, self._effects
                 )
             state.reload(checkpoint)
         log.info(
@@ -277,7 +293,9 @@ class PrepareEngine:
                     entry = state.checkpoint.claims.get(ref.uid)
                     if entry is None or not _reusable(entry):
                         fresh.append(ref)
-                batch = PrepareBatch(state, self._specs, self._holders, self._plan, spans)
+                batch = PrepareBatch(
+                    state, self._specs, self._holders, self._plan, spans, self._effects
+                )
                 reused = [
                     entry
                     for ref in unique
@@ -361,7 +379,7 @@ class PrepareEngine:
             spans = {ref.uid: _claim_span("claim.unprepare", ref) for ref in known}
             try:
                 with anyio.CancelScope(shield=True):
-                    await unprepare_known(state, self._specs, known, spans, results)
+                    await unprepare_known(state, self._specs, known, spans, results, self._effects)
             finally:
                 for uid, span in spans.items():
                     if results[uid] is not None:

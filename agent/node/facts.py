@@ -51,16 +51,25 @@ class HostFacts:
         host_root: Path,
         driver_root: Path,
         driver_files: Path | None = None,
+        *,
+        dynamic_mig: bool = False,
     ) -> HostFacts:
         """Read ``/proc`` under ``host_root`` and the driver's files under ``driver_files``
         (where this process sees the driver root; default ``driver_root``), naming them in the
-        common CDI spec by their host paths under ``driver_root`` (blocking)."""
+        common CDI spec by their host paths under ``driver_root`` (blocking). ``dynamic_mig``:
+        partitionable GPUs offer their MIG placements (``node_devices``)."""
         host = HostFiles(host_root)
-        devices = node_devices(inventory)
+        devices = node_devices(inventory, dynamic_mig=dynamic_mig)
         caps_major = host.device_majors().get("nvidia-caps")
         mig: dict[str, MigInstance] = {}
         problems: dict[str, str] = {}
         for name, device in devices.items():
+            if device.slot is not None and caps_major is None:
+                problems[name] = (
+                    f"MIG device {name}: no nvidia-caps major in {host_root}/proc/devices, so "
+                    "its capability device nodes cannot be named; is the nvidia-caps module "
+                    "loaded?"
+                )
             if device.mig is None:
                 continue
             gi, ci = device.mig.gpu_instance_id, device.mig.compute_instance_id
@@ -83,7 +92,10 @@ class HostFacts:
         return cls(driver, pool, devices, mig, problems, common)
 
     def prepared_device(self, claim_uid: str, planned: PlannedDevice) -> PreparedDevice:
-        """The checkpoint record of one planned device; raises ``PrepareRefused``."""
+        """The checkpoint record of one planned device; raises ``PrepareRefused``.
+
+        A device made on prepare (a dynamic MIG slot) has no UUID and no instance numbers
+        yet: its effector fills them in (``agent.node.effectors``)."""
         device = planned.device
         problem = self.problems.get(device.name)
         if problem is not None:
@@ -94,7 +106,7 @@ class HostFacts:
             device=device.name,
             cdi_device_ids=self.device_ids(claim_uid, device.name),
             kind=device.kind,
-            uuid=device.mig.uuid if device.mig is not None else device.gpu.uuid,
+            uuid=_uuid(device),
             gpu_minor=device.gpu.minor,
             config=planned.config,
             mig=self.mig.get(device.name),
@@ -107,6 +119,12 @@ class HostFacts:
             cdi.common_device_id(self.driver),
             cdi.claim_device_id(self.driver, claim_uid, device_name),
         )
+
+
+def _uuid(device: NodeDevice) -> str:
+    if device.slot is not None:
+        return ""  # made on prepare
+    return device.mig.uuid if device.mig is not None else device.gpu.uuid
 
 
 def claim_spec(driver: str, claim_uid: str, devices: tuple[PreparedDevice, ...]) -> dict[str, Any]:

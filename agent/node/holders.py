@@ -41,6 +41,21 @@ class DeviceHolders:
                     found[device.device] = uid
         return found
 
+    def held(self, checkpoint: cp.Checkpoint) -> dict[str, Prepared]:
+        """Claim UID -> the devices it holds exclusively (prepared or being prepared)."""
+        found: dict[str, Prepared] = {}
+        claims = [(c.uid, c.devices) for c in checkpoint.claims.values()]
+        for uid, devices in [*claims, *self._inflight.items()]:
+            exclusive = tuple(d for d in devices if not d.admin_access)
+            if exclusive:
+                found[uid] = exclusive
+        return found
+
+    def describe(self, checkpoint: cp.Checkpoint, uid: str) -> str:
+        """``namespace/name (uid)`` of a claim the checkpoint knows, else the uid."""
+        entry = checkpoint.claims.get(uid)
+        return f"{entry.namespace}/{entry.name} ({uid})" if entry else uid
+
     def conflict(
         self,
         uid: str,

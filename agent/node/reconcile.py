@@ -14,7 +14,11 @@ cleanly (a restart would see the same file). The rules, in order:
    by the store; its claims are not prepared any more (the containers are gone), their
    specs fall to rule 4, and a Normal Event ``NodeRebooted`` says so.
 2. ``PrepareStarted`` claims are rolled back: their CDI spec is removed and the entry
-   dropped. The kubelet was never told they were prepared, so it will ask again.
+   dropped. The kubelet was never told they were prepared, so it will ask again. Hardware
+   changes recorded as intents (dynamic MIG instances) are undone first by their effectors
+   (``effectors.Effects.recover``, which also applies the effectors' own startup rules); a
+   claim whose intents cannot be undone now stays ``PrepareStarted`` with them, without a
+   spec, for its next prepare or unprepare to finish.
 3. ``PrepareCompleted`` claims keep their entry and get their CDI spec rewritten when it is
    missing or differs from what the checkpoint says (user-pain.md item 1). The spec is
    built from the checkpoint alone, so this works without the ResourceClaim.
@@ -45,6 +49,7 @@ from agent.kube.events import EventPoster
 from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore, LoadResult, LoadStatus
+from agent.node.effectors import Effects, StartupRecovery
 from agent.node.errors import NodeError
 from agent.node.facts import HostFacts, claim_spec
 from agent.node.plan import PlannedDevice, PrepareRefused
@@ -80,12 +85,18 @@ async def reconcile(
     facts: HostFacts,
     events: EventPoster,
     loaded: LoadResult | None = None,
+    effects: Effects | None = None,
 ) -> tuple[cp.Checkpoint, StartupReport]:
     """Load (unless ``loaded`` is given), repair and save the checkpoint; returns it and a
     report (module docstring). The caller holds the node lock."""
     if loaded is None:
         loaded = await anyio.to_thread.run_sync(store.load)
-    checkpoint, report = await anyio.to_thread.run_sync(_repair, loaded, store, specs, facts)
+    recovery = StartupRecovery()
+    if effects:
+        recovery = await effects.recover(loaded.checkpoint)
+    checkpoint, report = await anyio.to_thread.run_sync(
+        _repair, loaded, store, specs, facts, recovery
+    )
     posted: list[str] = []
     if loaded.status is LoadStatus.CORRUPT:
         adopted = f"; re-adopted {len(report.adopted)} prepared claim(s) from the CDI specs"
@@ -113,13 +124,19 @@ def _with_events(report: StartupReport, posted: tuple[str, ...]) -> StartupRepor
 
 
 def _repair(
-    loaded: LoadResult, store: CheckpointStore, specs: CdiSpecDirectory, facts: HostFacts
+    loaded: LoadResult,
+    store: CheckpointStore,
+    specs: CdiSpecDirectory,
+    facts: HostFacts,
+    recovery: StartupRecovery | None = None,
 ) -> tuple[cp.Checkpoint, StartupReport]:
     """The blocking part of :func:`reconcile`: files only, no Events."""
     specs.clean_temporaries()
     specs.ensure(specs.common_path(), facts.common_spec)
     checkpoint = loaded.checkpoint
-    problems: list[str] = []
+    recovery = recovery or StartupRecovery()
+    problems: list[str] = list(recovery.problems)
+    kept_intents = 0
     adopted: list[str] = []
     if loaded.status is LoadStatus.CORRUPT:
         checkpoint, adopted = _adopt(checkpoint, specs, facts, problems)
@@ -128,6 +145,12 @@ def _repair(
         if claim.state is cp.ClaimState.PREPARE_STARTED:
             specs.remove_claim(claim.uid)
             checkpoint = cp.remove_claim(checkpoint, claim.uid)
+            kept = recovery.kept.get(claim.uid)
+            if kept:  # hardware not undone yet: keep what is needed to undo it
+                checkpoint = cp.mark_started(checkpoint, claim.uid, claim.namespace, claim.name)
+                checkpoint = cp.record_intents(checkpoint, claim.uid, kept)
+                kept_intents += 1
+                continue
             rolled_back.append(claim.uid)
     recreated: list[str] = []
     for claim in checkpoint.completed():
@@ -140,7 +163,7 @@ def _repair(
     orphans = sorted(specs.claim_uids() - set(checkpoint.claims))
     for uid in orphans:
         specs.remove_claim(uid)
-    if loaded.status is not LoadStatus.LOADED or rolled_back or adopted:
+    if loaded.status is not LoadStatus.LOADED or rolled_back or adopted or kept_intents:
         store.save(checkpoint)
     report = StartupReport(
         load_status=loaded.status,

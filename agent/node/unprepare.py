@@ -4,6 +4,11 @@ The ResourceClaim may be gone by now, so everything comes from the checkpoint en
 specs go first: a crash after that leaves a completed claim without its spec, which startup
 rebuilds and the kubelet's retry removes again; the reverse order could leave a spec that no
 entry owns until the next start. All removed claims share one checkpoint write.
+
+Devices an effector made (dynamic MIG instances) are undone before the spec goes: a claim
+whose undo fails (an instance still in use after the effector's retries) keeps its spec and
+its entry, and gets a retryable error; the kubelet calls again. A crash after the undo leaves
+a completed claim whose hardware is gone, and the retry's undo finds nothing left to do.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.commit import CheckpointCommitter, restore_claim
 from agent.node.crash import crash_point
+from agent.node.effectors import EffectFailed, Effects
 from agent.node.errors import NodeError
 from agent.node.offload import FILES
 from agent.node.types import ClaimRef
@@ -26,11 +32,13 @@ async def unprepare_known(
     known: list[ClaimRef],
     spans: dict[str, trace.Span],
     results: dict[str, str | None],
+    effects: Effects | None = None,
 ) -> list[str]:
     """Unprepare ``known`` claims; fills ``results`` and returns the UIDs now forgotten."""
     async with anyio.create_task_group() as group:
         for ref in known:
-            group.start_soon(_remove_spec, specs, ref.uid, spans[ref.uid], results)
+            entry = state.checkpoint.claims[ref.uid]
+            group.start_soon(_undo, effects, specs, entry, spans[ref.uid], results)
     crash_point("unprepare-after-cdi-remove")
     removed = [ref.uid for ref in known if results[ref.uid] is None]
     before = state.checkpoint
@@ -52,11 +60,21 @@ async def unprepare_known(
     return removed
 
 
-async def _remove_spec(
-    specs: CdiSpecDirectory, uid: str, span: trace.Span, results: dict[str, str | None]
+async def _undo(
+    effects: Effects | None,
+    specs: CdiSpecDirectory,
+    entry: cp.PreparedClaim,
+    span: trace.Span,
+    results: dict[str, str | None],
 ) -> None:
     with trace.use_span(span, end_on_exit=False):
+        if entry.intents:
+            try:
+                await (effects or Effects()).undo(entry.uid, entry.intents, entry.devices)
+            except EffectFailed as error:
+                results[entry.uid] = str(error)
+                return
         try:
-            await FILES.run(specs.remove_claim, uid)
+            await FILES.run(specs.remove_claim, entry.uid)
         except NodeError as error:
-            results[uid] = str(error)
+            results[entry.uid] = str(error)

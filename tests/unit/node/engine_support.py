@@ -24,6 +24,7 @@ from agent.kube.claims import ApiClaimReader
 from agent.kube.client import create_api_client
 from agent.kube.events import LoggingEventPoster
 from agent.node.checkpoint_store import FILE_NAME
+from agent.node.effectors import DeviceEffector
 from agent.node.engine import PrepareEngine
 from agent.node.types import ClaimRef
 from agent.sim.apiserver import EmbeddedApiServer
@@ -76,7 +77,14 @@ class Node:
     def checkpoint_path(self) -> Path:
         return self.plugin_dir / FILE_NAME
 
-    def engine(self, *, boot_id: str | None = None, lock_timeout_s: float = 5.0) -> PrepareEngine:
+    def engine(
+        self,
+        *,
+        boot_id: str | None = None,
+        lock_timeout_s: float = 5.0,
+        dynamic_mig: bool = False,
+        effectors: Sequence[DeviceEffector] = (),
+    ) -> PrepareEngine:
         return PrepareEngine(
             driver=DRIVER,
             node_name=NODE,
@@ -89,6 +97,8 @@ class Node:
             boot_id=boot_id or self.host.boot_id,
             events=self.events,
             lock_timeout_s=lock_timeout_s,
+            dynamic_mig=dynamic_mig,
+            effectors=effectors,
         )
 
     def reader(self) -> ApiClaimReader:

@@ -1,0 +1,201 @@
+"""Device effectors: hardware changes that a prepare makes and an unprepare undoes.
+
+Most devices need nothing but a CDI spec. Some must be *made* when a claim is prepared: a
+dynamic MIG device (``--dynamic-mig``) is a GPU instance and a compute instance created at
+the allocated placement, destroyed again on unprepare (``agent.mig``). The engine knows such
+devices only through this narrow protocol, so it has no branch for any one kind:
+
+- ``handles(device name)``: whether the effector is involved in a device;
+- ``conflict(...)``: exclusivity beyond the device name, decided from the claims prepared or
+  in flight (a full GPU excludes its MIG devices, overlapping placements exclude each other),
+  checked and reserved without an ``await`` in between, like the name rule of ``holders``;
+- ``apply(uid, devices, record)``: make the devices. It first hands its intents to
+  ``record``, which writes them durably into the claim's ``PrepareStarted`` checkpoint entry,
+  and only then changes the hardware; it returns the devices with their live ids (UUID,
+  instance ids, capability device numbers) for the ``PrepareCompleted`` record and the CDI
+  spec. On failure it undoes what it made and raises :class:`EffectFailed`, which names the
+  intents it could not undo (they stay on disk for the next attempt);
+- ``undo(intents, devices)``: unprepare; also rolls back the intents of a claim that never
+  completed. Idempotent: what is already gone counts as undone;
+- ``recover(checkpoint)``: at startup, roll back the intents of claims that never completed
+  and whatever else the effector's own rules say (``StartupRecovery``).
+
+:class:`Effects` is what the engine holds: the configured effectors, dispatched by device.
+With none configured every call is a no-op, and a claim without effector devices costs the
+engine nothing (no intent write: the static path stays at two durable writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import anyio
+
+from agent.node import checkpoint as cp
+from agent.node.errors import NodeError
+
+Prepared = tuple[cp.PreparedDevice, ...]
+#: Writes a claim's intents durably (the engine's checkpoint); raises ``NodeError``.
+RecordIntents = Callable[[tuple[cp.Intent, ...]], Awaitable[None]]
+#: Names a claim for an error message: ``namespace/name (uid)`` when known.
+Describe = Callable[[str], str]
+
+
+class EffectFailed(NodeError):
+    """An effector could not prepare or undo a claim's devices; the message says why.
+
+    ``leftover``: intents whose hardware change could not be undone (kept in the checkpoint,
+    retried on the claim's next prepare or unprepare and at startup).
+    """
+
+    def __init__(self, message: str, leftover: tuple[cp.Intent, ...] = ()) -> None:
+        super().__init__(message)
+        self.leftover = leftover
+
+
+@dataclass(frozen=True)
+class StartupRecovery:
+    """What an effector's startup recovery did: claim UIDs rolled back, claims whose intents
+    remain (``kept``: uid -> intents still to undo) and problems worth logging."""
+
+    rolled_back: tuple[str, ...] = ()
+    kept: Mapping[str, tuple[cp.Intent, ...]] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()
+
+
+class DeviceEffector(Protocol):
+    """The protocol of the module docstring."""
+
+    @property
+    def name(self) -> str: ...
+
+    def handles(self, device: str) -> bool: ...
+
+    def conflict(
+        self, uid: str, devices: Prepared, held: Mapping[str, Prepared], describe: Describe
+    ) -> str | None: ...
+
+    async def apply(self, uid: str, devices: Prepared, record: RecordIntents) -> Prepared: ...
+
+    async def undo(self, uid: str, intents: tuple[cp.Intent, ...], devices: Prepared) -> None: ...
+
+    async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery: ...
+
+
+class Effects:
+    """The engine's effectors; every method is a cheap no-op for devices none handles."""
+
+    def __init__(self, effectors: Sequence[DeviceEffector] = ()) -> None:
+        self._effectors = tuple(effectors)
+        names = [effector.name for effector in self._effectors]
+        if len(set(names)) != len(names):
+            raise ValueError(f"effector names must be unique: {names}")
+
+    def __bool__(self) -> bool:
+        return bool(self._effectors)
+
+    def _involved(self, devices: Prepared) -> list[DeviceEffector]:
+        return [e for e in self._effectors if any(e.handles(d.device) for d in devices)]
+
+    def unhandled(self, devices: Prepared) -> list[str]:
+        """Devices that must be made (no UUID yet) but that no effector handles."""
+        return [
+            d.device
+            for d in devices
+            if not d.uuid and not any(e.handles(d.device) for e in self._effectors)
+        ]
+
+    def conflict(
+        self, uid: str, devices: Prepared, held: Mapping[str, Prepared], describe: Describe
+    ) -> str | None:
+        for effector in self._involved(devices):
+            reason = effector.conflict(uid, devices, held, describe)
+            if reason is not None:
+                return reason
+        return None
+
+    async def apply(self, uid: str, devices: Prepared, record: RecordIntents) -> Prepared:
+        """Every involved effector's ``apply`` in turn (each sees the previous one's result).
+
+        Intents accumulate: each ``record`` call writes the intents of every effector so far.
+        """
+        recorded: tuple[cp.Intent, ...] = ()
+
+        async def record_all(intents: tuple[cp.Intent, ...]) -> None:
+            nonlocal recorded
+            recorded = (*recorded, *intents)
+            await record(recorded)
+
+        applied: list[DeviceEffector] = []
+        for effector in self._involved(devices):
+            try:
+                devices = await effector.apply(uid, devices, record_all)
+            except EffectFailed as error:
+                leftover = list(error.leftover)
+                for done in reversed(applied):  # undo the effectors that succeeded
+                    mine = tuple(i for i in recorded if i.effector == done.name)
+                    try:
+                        await done.undo(uid, mine, devices)
+                    except EffectFailed as undo_error:
+                        leftover.extend(undo_error.leftover or mine)
+                raise EffectFailed(str(error), tuple(leftover)) from error
+            applied.append(effector)
+        return devices
+
+    async def undo(self, uid: str, intents: tuple[cp.Intent, ...], devices: Prepared) -> None:
+        """Undo ``intents`` (each by its effector); raises ``EffectFailed`` with the
+        intents still to undo. An intent of an effector not configured now is kept."""
+        if not intents:
+            return
+        leftover: list[cp.Intent] = []
+        errors: list[str] = []
+        for effector in self._effectors:
+            mine = tuple(i for i in intents if i.effector == effector.name)
+            if not mine:
+                continue
+            try:
+                await effector.undo(uid, mine, devices)
+            except EffectFailed as error:
+                leftover.extend(error.leftover or mine)
+                errors.append(str(error))
+        known = {e.name for e in self._effectors}
+        orphans = tuple(i for i in intents if i.effector not in known)
+        if orphans:
+            leftover.extend(orphans)
+            kinds = ", ".join(sorted({i.effector for i in orphans}))
+            errors.append(
+                f"claim {uid}: devices {', '.join(i.device for i in orphans)} were made by the "
+                f"{kinds} effector, which this agent does not run (is --dynamic-mig off now?); "
+                "start the agent with it to undo them"
+            )
+        if errors:
+            raise EffectFailed("; ".join(errors), tuple(leftover))
+
+    async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
+        """Every effector's startup recovery, concurrently (they touch different things)."""
+        reports: list[StartupRecovery] = []
+
+        async def one(effector: DeviceEffector) -> None:
+            reports.append(await effector.recover(checkpoint))
+
+        async with anyio.create_task_group() as group:
+            for effector in self._effectors:
+                group.start_soon(one, effector)
+        kept: dict[str, tuple[cp.Intent, ...]] = {}
+        known = {e.name for e in self._effectors}
+        problems = [p for r in reports for p in r.problems]
+        for claim in checkpoint.claims.values():
+            orphans = tuple(i for i in claim.intents if i.effector not in known)
+            if claim.state is cp.ClaimState.PREPARE_STARTED and orphans:
+                kept[claim.uid] = orphans
+                problems.append(
+                    f"claim {claim.uid}: intents of effector(s) not running here are kept "
+                    f"({', '.join(sorted({i.effector for i in orphans}))})"
+                )
+        for report in reports:
+            for uid, intents in report.kept.items():
+                kept[uid] = (*kept.get(uid, ()), *intents)
+        rolled_back = {uid for r in reports for uid in r.rolled_back} - set(kept)
+        return StartupRecovery(tuple(sorted(rolled_back)), kept, tuple(problems))
