@@ -13,7 +13,14 @@ import anyio
 import pytest
 
 from agent.sim.kubelet import ClaimRef
-from tests.integration.conftest import DRIVER, NAMESPACE, NODE, AgentHarness
+from tests.integration.conftest import (
+    DRIVER,
+    NAMESPACE,
+    NODE,
+    AgentHarness,
+    allocated_devices,
+    gpu_request,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -63,7 +70,8 @@ async def run_client(
 
 @pytest.mark.parametrize("version", ["v1", "v1beta1"])
 async def test_grpcio_kubelet(harness: AgentHarness, generated: Path, version: str) -> None:
-    good = await harness.claim(["gpu-7"], name=f"grpcio-{version}")
+    good, claim = await harness.allocate(gpu_request(), name=f"grpcio-{version}")
+    [allocated] = allocated_devices(claim)
     missing = ClaimRef(
         namespace=NAMESPACE, name="grpcio-missing", uid="6ba7b814-9dad-11d1-80b4-00c04fd430c8"
     )
@@ -84,7 +92,7 @@ async def test_grpcio_kubelet(harness: AgentHarness, generated: Path, version: s
     assert set(prepared) == {good.uid, missing.uid}
     assert prepared[good.uid]["error"] == ""
     [device] = prepared[good.uid]["devices"]
-    assert device["pool_name"] == NODE and device["device_name"] == "gpu-7"
+    assert device["pool_name"] == NODE and device["device_name"] == allocated
     assert device["request_names"] == ["gpu"]
     assert any(good.uid in cdi_id for cdi_id in device["cdi_device_ids"])
     assert "does not exist" in prepared[missing.uid]["error"]

@@ -15,7 +15,7 @@ from agent.sim.control import control_socket_path
 from agent.sim.control.client import send_request
 from agent.sim.kubelet import EventKind
 from agent.sim.kubelet.health import DeviceHealthState
-from tests.integration.conftest import DRIVER, NODE, AgentHarness
+from tests.integration.conftest import DRIVER, NODE, AgentHarness, allocated_devices, gpu_request
 
 pytestmark = pytest.mark.anyio
 
@@ -137,13 +137,19 @@ async def test_gpu_lost_taints_no_execute_through_the_cli(health: AgentHarness) 
 
 
 async def _prepare_seconds(health: AgentHarness, device: str, runs: int) -> list[float]:
+    """Prepare times of ``runs`` claims, each allocated by selector (the device's UUID, as a
+    user pins a GPU), prepared, unprepared and deleted; only the prepare is timed."""
+    uuid = await health.device_attribute(device, "uuid")
+    pinned = gpu_request(selectors=[f"device.attributes['gpu.nvidia.com'].uuid == '{uuid}'"])
     durations = []
     for _ in range(runs):
-        ref = await health.claim([device])
+        ref, claim = await health.allocate(pinned)
+        assert allocated_devices(claim) == [device]
         start = time.perf_counter()
         assert (await health.prepare(ref))[ref.uid].error == ""
         durations.append(time.perf_counter() - start)
         assert (await health.unprepare(ref))[ref.uid].error == ""
+        await health.delete_claims()  # the device is free for the next round
     return sorted(durations)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.integration.conftest import DRIVER, AgentHarness
+from tests.integration.conftest import DRIVER, AgentHarness, gpu_request
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +28,7 @@ async def test_stale_sockets_replaced_and_removed_on_sigterm(fresh_harness: Agen
     stale_socket(harness.dra_socket)
     stale_socket(harness.registration_socket)
     await harness.start_agent()  # registration through the replaced sockets
-    ref = await harness.claim(["gpu-0"])
+    ref, _ = await harness.allocate(gpu_request())
     assert (await harness.prepare(ref))[ref.uid].error == ""
     assert await harness.stop_agent() == 0
     assert not harness.dra_socket.exists()
@@ -48,7 +48,7 @@ async def test_instance_id_names_the_sockets_and_sigint_stops(
     registration = harness.kubelet.registrations(DRIVER)[-1]
     assert registration.socket == harness.registrar_dir / f"{DRIVER}-pod-1234-reg.sock"
     assert registration.endpoint == str(harness.plugin_dir / "dra-pod-1234.sock")
-    ref = await harness.claim(["gpu-1"])
+    ref, _ = await harness.allocate(gpu_request())
     assert (await harness.prepare(ref))[ref.uid].error == ""
     assert (await harness.unprepare(ref))[ref.uid].error == ""
     assert await agent.stop(signal_number=signal.SIGINT) == 0
