@@ -17,6 +17,10 @@ every row that talks to it.
   CDI directory is on a tmpfs (``/dev/shm``) as ``/var/run/cdi`` is on a real node, the
   checkpoint on disk; the ``CDI on disk`` row puts both on the same disk filesystem;
 * ``engine prepare 32 MIG claims``: one request of 32 claims on dgx-a100's static MIG devices;
+
+The claims are allocated in setup, outside every timed region, by the allocator (as
+kube-scheduler would: the profile's ResourceSlices and the DeviceClasses are in the API
+server, each claim asks for one device of its class), not by naming devices.
 * ``target``: 1.5 x (grpc empty prepare + http GET claim + 2 x durable write), from the p50s,
   and the p50 of the one-GPU prepare rows divided by it (<= 1 meets the target).
 
@@ -44,8 +48,10 @@ import anyio
 import yaml
 from grpclib.client import Channel
 
+from agent.dra import build_devices, build_slices
 from agent.hardware.discovery import discover_host
 from agent.hardware.hostfiles import HostFiles
+from agent.hardware.inventory import Inventory
 from agent.kube.claims import ApiClaimReader
 from agent.kube.client import create_api_client
 from agent.kube.events import LoggingEventPoster
@@ -56,7 +62,13 @@ from agent.kubelet.server import UnixGrpcServer
 from agent.node.durable import write_atomic
 from agent.node.engine import PrepareEngine
 from agent.node.types import ClaimRef
+from agent.sim.allocation import (
+    ApiAccess,
+    claim_from_request,
+    create_and_allocate_claim,
+)
 from agent.sim.claims import AllocatedDevice, create_allocated_claim
+from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet.dra_client import DraClient
 from benchmarks import Result
 
@@ -155,17 +167,48 @@ class _Bench:
         tmpfs = Path("/dev/shm")
         self.cdi_root = Path(tempfile.mkdtemp(dir=tmpfs)) if tmpfs.is_dir() else base / "cdi"
         self.cdi_label = "on tmpfs" if tmpfs.is_dir() else "on disk"
+        self.api = ApiAccess(url)
+        self.inventories: dict[str, Inventory] = {}
 
     async def _claim(self, name: str, device: str) -> ClaimRef:
+        """A claim with a hand-written allocation of ``device`` (bench_prepare_tracing's
+        setup; this module's rows use :meth:`_allocate`)."""
         created = await create_allocated_claim(
             self.url, name, [AllocatedDevice("gpu", device, NODE)], node_name=NODE
         )
+        return ClaimRef("default", created["metadata"]["uid"], name)
+
+    async def _publish(self, profile: str) -> None:
+        """Make the API server show ``profile``'s devices on the node, as the agent publishes
+        them (this node's earlier slices replaced), and the shipped DeviceClasses."""
+        resource = f"{self.url}/apis/resource.k8s.io/v1"
+        slices = build_slices(
+            build_devices(self.inventories[profile]), node_name=NODE, driver_name=DRIVER
+        )
+        async with aiohttp.ClientSession() as session:
+            selector = {"fieldSelector": f"spec.nodeName={NODE}"}
+            async with session.delete(f"{resource}/resourceslices", params=selector) as reply:
+                assert reply.status == 200, await reply.text()
+            for index, item in enumerate(slices):
+                item["metadata"] = {"name": f"{NODE}-{profile}-{index}"}
+                async with session.post(f"{resource}/resourceslices", json=item) as reply:
+                    assert reply.status == 201, await reply.text()
+            for device_class in default_device_classes():
+                async with session.post(f"{resource}/deviceclasses", json=device_class) as reply:
+                    assert reply.status in (201, 409), await reply.text()
+
+    async def _allocate(self, name: str, device_class: str = "gpu.nvidia.com") -> ClaimRef:
+        """A claim for one device of ``device_class``, allocated by the allocator (setup,
+        never timed); each sees the devices earlier claims hold."""
+        request = {"name": "gpu", "exactly": {"deviceClassName": device_class}}
+        created = await create_and_allocate_claim(self.api, claim_from_request(name, request), NODE)
         return ClaimRef("default", created["metadata"]["uid"], name)
 
     async def _engine(self, profile: str, cdi_root: Path, name: str = "") -> PrepareEngine:
         node = self.base / f"node-{profile}{name}"
         host_root = self.base / f"host-{profile}"
         inventory = await discover_host(profile, host_root)
+        self.inventories[profile] = inventory
         boot_id = HostFiles(host_root).boot_id()
         assert boot_id is not None
         engine = PrepareEngine(
@@ -201,9 +244,10 @@ class _Bench:
         reader = ApiClaimReader(self.client)
         try:
             kubelet = DraClient(DRIVER, channel, api.DRA_V1_SERVICE)
-            await self._claim("plain", "gpu-0")
+            await self._publish("dgx-h100")
+            await self._allocate("plain")
             url = f"{self.url}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/plain"
-            ref = await self._claim("one-gpu", "gpu-0")
+            ref = await self._allocate("one-gpu")
             target = self.base / "node-dgx-h100" / "plugins" / DRIVER / "bench.json"  # beside
             assert target.parent.is_dir()  # the checkpoint of ``engine``
             data = b"x" * 4096
@@ -254,9 +298,8 @@ class _Bench:
     async def a100(self, repeat: int) -> Result:
         engine = await self._engine("dgx-a100", self.cdi_root / "a100")
         try:
-            assert engine.facts is not None
-            names = sorted(n for n, d in engine.facts.devices.items() if d.kind == "mig")
-            refs = [await self._claim(f"mig-{i}", name) for i, name in enumerate(names[:MIG_BATCH])]
+            await self._publish("dgx-a100")
+            refs = [await self._allocate(f"mig-{i}", "mig.nvidia.com") for i in range(MIG_BATCH)]
             samples: list[float] = []
 
             async def batch() -> None:
