@@ -6,7 +6,10 @@ with each selector's verdict and the values it saw, blocking taints, the claim h
 exhausted counters, the ``matchAttribute`` groups, and the allocation that would result.
 The node's devices come from a simulated host (built in-process, as ``discover --simulate``
 does) or from a cluster (ResourceSlices, DeviceClasses and allocated claims).
-Exit status: 0 when the claim fits, 1 when it does not, 2 when the claim itself is bad.
+With ``--simulate PROFILE --dynamic-mig`` the simulated host publishes partitionable devices
+(every MIG placement consuming shared counters), as ``run --dynamic-mig`` does.
+Exit status: 0 when the claim fits, 1 when it does not, 2 when the claim itself is bad (or
+the options cannot be used).
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--driver-name", default="gpu.nvidia.com", help="driver of a simulated host"
     )
     parser.add_argument(
+        "--dynamic-mig",
+        action="store_true",
+        help="with --simulate: the host publishes partitionable devices (every MIG placement "
+        "with shared counters), as the agent does with --dynamic-mig",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         choices=["table", "yaml", "json"],
@@ -69,7 +78,33 @@ def load_claim(path: str) -> dict[str, Any]:
     raise ClaimSpecError(f"{path}: no ResourceClaim or ResourceClaimTemplate in it")
 
 
-async def _simulated_view(profile: str, node: str, driver: str) -> Any:
+class DynamicMigUnavailableError(Exception):
+    """This build cannot publish partitionable devices yet."""
+
+
+def dynamic_mig_builders() -> tuple[Any, Any, Any]:
+    """``(build_device_set, build_slices, DynamicMig)`` when ``agent.dra`` can publish
+    partitionable devices (``build_device_set(..., dynamic_mig=)`` and
+    ``build_slices(..., counter_sets=)``); raises :class:`DynamicMigUnavailableError`."""
+    import inspect
+
+    from agent.dra import build_device_set, build_slices, partitionable
+
+    dynamic = getattr(partitionable, "DynamicMig", None)
+    if (
+        dynamic is None
+        or "dynamic_mig" not in inspect.signature(build_device_set).parameters
+        or "counter_sets" not in inspect.signature(build_slices).parameters
+    ):
+        raise DynamicMigUnavailableError(
+            "--dynamic-mig needs agent.dra.devices to build partitionable devices "
+            "(build_device_set(dynamic_mig=) and build_slices(counter_sets=)), which this "
+            "build does not have yet"
+        )
+    return build_device_set, build_slices, dynamic
+
+
+async def _simulated_view(profile: str, node: str, driver: str, dynamic_mig: bool) -> Any:
     from agent.discover import name_for_preview
     from agent.dra import build_device_set, build_slices
     from agent.hardware.discovery import discover_host
@@ -78,8 +113,20 @@ async def _simulated_view(profile: str, node: str, driver: str) -> Any:
 
     with tempfile.TemporaryDirectory(prefix="gpu-dra-explain-") as root:
         inventory = await discover_host(profile, Path(root))
-    devices = build_device_set(inventory).devices
-    slices = name_for_preview(build_slices(devices, node_name=node, driver_name=driver))
+    if dynamic_mig:
+        build_set, build, settings = dynamic_mig_builders()
+        device_set = build_set(inventory, dynamic_mig=settings())
+        built = build(
+            device_set.devices,
+            node_name=node,
+            driver_name=driver,
+            counter_sets=device_set.counter_sets,
+        )
+    else:
+        built = build_slices(
+            build_device_set(inventory).devices, node_name=node, driver_name=driver
+        )
+    slices = name_for_preview(built)
     classes = {c["metadata"]["name"]: c for c in default_device_classes()}
     return ClusterView(node, {}, slices, classes, [])
 
@@ -98,14 +145,27 @@ async def run(args: argparse.Namespace) -> int:
     if args.kubeconfig is not None and not args.node:
         print("gpu-dra-agent explain: --node is required with --kubeconfig", file=sys.stderr)
         return EXIT_BAD_CLAIM
+    dynamic_mig = getattr(args, "dynamic_mig", False)
+    if dynamic_mig and args.simulate is None:
+        print(
+            "gpu-dra-agent explain: --dynamic-mig goes with --simulate (a cluster's slices "
+            "already say whether they are partitionable)",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CLAIM
     node = args.node or SIM_NODE
     try:
+        if dynamic_mig:
+            dynamic_mig_builders()  # before reading the claim: the option itself is unusable
         document = load_claim(args.claim)
         if args.simulate is not None:
-            view = await _simulated_view(args.simulate, node, args.driver_name)
+            view = await _simulated_view(args.simulate, node, args.driver_name, dynamic_mig)
         else:
             view = await _cluster_view(args.kubeconfig, node)
         claim = parse_claim(document, view.classes)
+    except DynamicMigUnavailableError as err:
+        print(f"gpu-dra-agent explain: {err}", file=sys.stderr)
+        return EXIT_BAD_CLAIM
     except (ClaimSpecError, OSError) as err:
         print(f"gpu-dra-agent explain: bad claim: {err}", file=sys.stderr)
         return EXIT_BAD_CLAIM

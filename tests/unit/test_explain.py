@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -83,3 +84,139 @@ async def test_a_bad_claim_exits_2_and_a_failing_selector_is_shown(tmp_path: Pat
     assert code == 1 and "type error at 1:53: no such overload: int.compareTo(quantity)" in out
     code, _, err = await explain(str(tmp_path / "missing.yaml"), "--simulate", "dgx-h100")
     assert code == 2 and "bad claim" in err
+
+
+@pytest.mark.anyio
+async def test_both_machine_formats_for_a_fitting_and_a_non_fitting_claim() -> None:
+    # fitting: yaml (json is above); not fitting: json (yaml is above); the same report
+    fits = [str(FOUR_H100), "--simulate", "dgx-h100"]
+    code, text, _ = await explain(*fits, "-o", "yaml")
+    as_yaml = yaml.safe_load(text)
+    assert code == 0 and as_yaml["fits"] is True
+    assert [r["device"] for r in as_yaml["allocation"]["devices"]["results"]] == [
+        f"gpu-{i}" for i in range(4)
+    ]
+    assert as_yaml == json.loads((await explain(*fits, "-o", "json"))[1])
+    misfit = [str(FOUR_H100), "--simulate", "gb200-nvl72-tray"]
+    code, text, _ = await explain(*misfit, "-o", "json")
+    as_json = json.loads(text)
+    assert code == 1 and as_json["fits"] is False and as_json["allocation"] is None
+    assert as_json["reasons"] and {d["verdict"] for d in as_json["requests"][0]["devices"]} == {
+        "not selected"
+    }
+    assert as_json == yaml.safe_load((await explain(*misfit, "-o", "yaml"))[1])
+
+
+@pytest.mark.anyio
+async def test_dynamic_mig_only_with_a_simulated_host(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")
+    code, _, err = await explain(
+        str(FOUR_H100), "--kubeconfig", str(kubeconfig), "--node", "n", "--dynamic-mig"
+    )
+    assert code == 2 and "--dynamic-mig goes with --simulate" in err
+
+
+@pytest.mark.anyio
+async def test_dynamic_mig_says_what_it_needs_when_the_build_cannot_partition(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    import agent.dra
+    from agent import explain as command
+
+    def build_slices(devices: Any, *, node_name: str, driver_name: str) -> Any:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(agent.dra, "build_slices", build_slices)  # no counter_sets
+    parser = argparse.ArgumentParser()
+    command.configure_parser(parser)
+    args = parser.parse_args([str(FOUR_H100), "--simulate", "dgx-h100", "--dynamic-mig"])
+    assert await command.run(args) == 2
+    assert "--dynamic-mig needs agent.dra.devices to build partitionable devices" in (
+        capsys.readouterr().err
+    )
+
+
+def _can_partition() -> bool:
+    from agent.explain import DynamicMigUnavailableError, dynamic_mig_builders
+
+    try:
+        dynamic_mig_builders()
+    except DynamicMigUnavailableError:
+        return False
+    return True
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not _can_partition(), reason="agent.dra cannot publish partitionable devices")
+async def test_dynamic_mig_explains_mig_placements_and_their_counters(tmp_path: Path) -> None:
+    mig = ROOT / "examples" / "mig-1g10gb.yaml"
+    code, text, _ = await explain(str(mig), "--simulate", "dgx-h100", "-o", "json")
+    assert code == 1  # MIG is off on dgx-h100: no MIG device without --dynamic-mig
+    code, text, _ = await explain(str(mig), "--simulate", "dgx-h100", "--dynamic-mig", "-o", "json")
+    report = json.loads(text)
+    assert code == 0, text
+    [result] = report["allocation"]["devices"]["results"]
+    assert result["device"].startswith("gpu-0-mig-1g10gb-")
+    # a whole GPU and a MIG device of that same GPU cannot both be had: 8 GPUs + 1 MIG
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "all-and-one-more", "namespace": "default"},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 8}},
+                    {"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com"}},
+                ]
+            }
+        },
+    }
+    path = tmp_path / "claim.yaml"
+    path.write_text(yaml.safe_dump(claim))
+    code, text, _ = await explain(
+        str(path), "--simulate", "dgx-h100", "--dynamic-mig", "-o", "json"
+    )
+    report = json.loads(text)
+    assert code == 1 and report["fits"] is False
+    assert any("exceed the shared counters" in r for r in report["reasons"]), report["reasons"]
+    code, table, _ = await explain(str(path), "--simulate", "dgx-h100", "--dynamic-mig")
+    assert code == 1 and "together exceed the shared counters" in table
+
+
+def test_counters_another_claim_exhausted_and_blocking_taints_are_reported() -> None:
+    from agent.dra.allocator import allocate, build_node_state, parse_claim
+    from agent.dra.allocator import explain as report_of
+    from agent.explain import render_table
+    from tests.unit.dra.test_allocator import (
+        CLASSES,
+        NODE,
+        allocated_claim,
+        claim,
+        exactly,
+        partitions,
+    )
+
+    slices = partitions()  # gpu-0 (80Gi, both slices) and two 40Gi halves, one counter set
+    taint = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoExecute"}
+    slices[1]["spec"]["devices"][2]["taints"] = [taint]
+    state = build_node_state(NODE, slices, [allocated_claim("gpu-0-half-0")])
+    parsed = parse_claim(claim(exactly("r")), CLASSES)
+    report = report_of(parsed, state, allocate(parsed, state))
+    assert report["fits"] is False
+    by_name = {d["device"]: d for d in report["requests"][0]["devices"]}
+    assert by_name["gpu-0-half-0"]["allocatedTo"] == "default/other"
+    exhausted = [c for c in by_name["gpu-0"]["counters"] if c["exhausted"]]
+    assert {(c["counter"], c["needs"], c["available"]) for c in exhausted} >= {
+        ("slice-0", 1, 0),
+        ("memory", 85899345920, 42949672960),
+    }
+    assert by_name["gpu-0-half-1"]["taints"] == [{**taint, "blocks": True}]
+    assert json.loads(json.dumps(report)) == report  # JSON-ready as it is
+    table = render_table(report)
+    assert "allocated to default/other" in table
+    assert "counter gpu-0-counters/slice-0: needs 1, 0 left" in table
+    assert "taint gpu.nvidia.com/xid=79:NoExecute (blocks)" in table
+    assert "why it does not fit:" in table
