@@ -147,3 +147,55 @@ def test_mig_example_picks_only_its_profile() -> None:
     assert allocated(example, "dgx-a100") == chosen[:1]
     assert candidates(example, "dgx-h100") == []
     assert candidates(example, "gb200-nvl72-tray") == []
+
+
+SEED_PROFILES = ("dgx-h100", "dgx-a100", "h200-nvl-bridged", "gb200-nvl72-tray")
+
+
+def _a100_migs(profile_name: str) -> list[str]:
+    a100 = [d for s in profile_slices("dgx-a100") for d in s["spec"]["devices"]]
+    return [d["name"] for d in a100 if d["attributes"]["profile"]["string"] == profile_name]
+
+
+def _gpus(count: int) -> list[str]:
+    return [f"gpu-{i}" for i in range(count)]
+
+
+#: example -> seed profile -> (the devices its selectors admit, what the allocator picks or
+#: None when it does not fit); every example under examples/ on every seed profile.
+EXAMPLE_OUTCOMES: dict[str, dict[str, tuple[list[str], list[str] | None]]] = {
+    "gpu-4x-h100-one-numa-nvlink.yaml": {
+        "dgx-h100": (_gpus(8), _gpus(4)),
+        "dgx-a100": ([], None),
+        "h200-nvl-bridged": ([], None),
+        "gb200-nvl72-tray": ([], None),
+    },
+    "gpu-80gi-memory.yaml": {
+        "dgx-h100": (_gpus(8), ["gpu-0"]),
+        "dgx-a100": ([], None),  # MIG devices only, not of the full-GPU class
+        "h200-nvl-bridged": (_gpus(4), ["gpu-0"]),
+        "gb200-nvl72-tray": (_gpus(4), ["gpu-0"]),
+    },
+    "gpu-hopper-cc90.yaml": {
+        "dgx-h100": (_gpus(8), ["gpu-0"]),
+        "dgx-a100": ([], None),
+        "h200-nvl-bridged": (_gpus(4), ["gpu-0"]),
+        "gb200-nvl72-tray": ([], None),  # Blackwell
+    },
+    "mig-1g10gb.yaml": {
+        "dgx-h100": ([], None),  # MIG off
+        "dgx-a100": (_a100_migs("1g.10gb"), _a100_migs("1g.10gb")[:1]),
+        "h200-nvl-bridged": ([], None),
+        "gb200-nvl72-tray": ([], None),
+    },
+}
+
+
+def test_every_example_on_every_seed_profile() -> None:
+    assert set(EXAMPLE_OUTCOMES) == set(example_objects())  # a new example needs a row
+    for example, by_profile in EXAMPLE_OUTCOMES.items():
+        assert set(by_profile) == set(SEED_PROFILES), example
+        for profile, (admitted, picked) in by_profile.items():
+            assert candidates(example, profile) == admitted, (example, profile)
+            assert allocated(example, profile) == picked, (example, profile)
+    assert _a100_migs("1g.10gb")

@@ -4,7 +4,8 @@ Each case builds hand-written ResourceSlices, DeviceClasses and claims (the shap
 ``staging/src/k8s.io/dynamic-resource-allocation/structured/allocator_test.go``: a driver, a
 pool per node, devices with attributes, taints and counters) and checks the outcome the
 scheduler reaches: which devices, in which order, under which request names, and the exact
-``status.allocation``, or that nothing fits.
+``status.allocation``, or that nothing fits. The seed's ``matchAttribute`` styles (NUMA node,
+NVLink domain, fabric clique, MIG parent) run on the simulated profiles' own slices.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 import pytest
 
 from agent.dra.allocator import ClaimSpecError, allocate, build_node_state, parse_claim
+from agent.sim.deviceclasses import default_device_classes
+from tests.support.profile_slices import profile_slices
 
 DRIVER = "driver.example.com"
 NODE = "node-1"
@@ -368,3 +371,68 @@ def test_a_selector_failing_on_a_device_fails_the_allocation() -> None:
     )
     outcome = allocate(parse_claim(doc, CLASSES), build_node_state(NODE, slices))
     assert not outcome.fits and "no such key: nothing" in outcome.reasons[0]
+
+
+def seed_claim(count: int, match: list[str], *selectors: str, cls: str = "gpu.nvidia.com") -> Obj:
+    """The seed's claim style: a count of devices of a shipped class, CEL selectors,
+    ``matchAttribute`` constraints."""
+    request = exactly("gpus", count, cls=cls)
+    if selectors:
+        request["exactly"]["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    return claim(request, constraints=[{"matchAttribute": m} for m in match] or None)
+
+
+def on_profile(
+    profile: str, doc: Obj, others: list[Obj] | None = None
+) -> tuple[list[str] | None, list[str]]:
+    """(devices the allocator picks or None, its reasons) on the profile's own slices."""
+    classes = {c["metadata"]["name"]: c for c in default_device_classes()}
+    state = build_node_state("node-a", profile_slices(profile, "node-a"), others or [])
+    outcome = allocate(parse_claim(doc, classes), state)
+    if outcome.allocation is None:
+        return None, list(outcome.reasons)
+    return [r["device"] for r in outcome.allocation["devices"]["results"]], []
+
+
+def holding(*devices: str) -> Obj:
+    results = [
+        {"request": "r", "driver": "gpu.nvidia.com", "pool": "node-a", "device": d} for d in devices
+    ]
+    return {
+        "metadata": {"name": "holder", "namespace": "default", "uid": "u-holder"},
+        "status": {"allocation": {"devices": {"results": results}}},
+    }
+
+
+NUMA_ATTR, NVLINK = "resource.kubernetes.io/numaNode", "gpu.nvidia.com/nvlinkDomain"
+CLIQUE = "gpu.nvidia.com/fabricClique"
+H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM3'"
+
+
+def test_seed_style_match_attribute_on_the_seed_profiles() -> None:
+    # dgx-h100: two sockets of four GPUs, one NVLink domain
+    assert on_profile("dgx-h100", seed_claim(4, [NUMA_ATTR, NVLINK], H100))[0] == [
+        f"gpu-{i}" for i in range(4)
+    ]
+    taken = on_profile("dgx-h100", seed_claim(4, [NUMA_ATTR], H100), [holding("gpu-0")])
+    assert taken[0] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]  # socket 0 has 3 left
+    picked, reasons = on_profile("dgx-h100", seed_claim(5, [NUMA_ATTR]))
+    assert picked is None and "at most 4 of them share" in " ".join(reasons)
+    assert on_profile("dgx-h100", seed_claim(8, [NVLINK]))[0] == [f"gpu-{i}" for i in range(8)]
+    # h200-nvl-bridged: NVLink bridges pair GPUs 0-1 and 2-3
+    assert on_profile("h200-nvl-bridged", seed_claim(2, [NVLINK]))[0] == ["gpu-0", "gpu-1"]
+    bridged = on_profile("h200-nvl-bridged", seed_claim(2, [NVLINK]), [holding("gpu-1")])
+    assert bridged[0] == ["gpu-2", "gpu-3"]
+    assert on_profile("h200-nvl-bridged", seed_claim(3, [NVLINK]))[0] is None
+    # gb200-nvl72-tray: the tray's four GPUs share one fabric clique
+    assert on_profile("gb200-nvl72-tray", seed_claim(4, [CLIQUE, NVLINK]))[0] == [
+        f"gpu-{i}" for i in range(4)
+    ]
+    assert on_profile("gb200-nvl72-tray", seed_claim(3, [NUMA_ATTR]))[0] is None  # 2 per socket
+    # dgx-a100 (MIG): seven 1g.10gb of one parent GPU, not eight
+    one_g = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+    parent = "gpu.nvidia.com/parentUUID"
+    seven, _ = on_profile("dgx-a100", seed_claim(7, [parent], one_g, cls="mig.nvidia.com"))
+    assert seven == [f"gpu-0-mig-1g10gb-19-{i}" for i in range(7)]
+    eight, _ = on_profile("dgx-a100", seed_claim(8, [parent], one_g, cls="mig.nvidia.com"))
+    assert eight is None
