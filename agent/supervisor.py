@@ -164,6 +164,20 @@ class Supervisor:
 
         claim_reader = ApiClaimReader(api_client)
         stack.push_async_callback(claim_reader.close)  # before the client it borrows from
+        effectors = []
+        if config.dynamic_mig:  # MIG instances made on prepare (agent/mig)
+            from agent.hardware.mig_ops import MigOps
+            from agent.mig import MigEffector
+
+            effectors.append(
+                MigEffector(
+                    MigOps(session.nvml),
+                    inventory,
+                    config.host_root,
+                    mode_off_when_idle=config.mig_mode_off_when_idle,
+                    adopt_instances=config.adopt_mig_instances,
+                )
+            )
         engine = PrepareEngine(
             driver=config.driver_name,
             node_name=config.node_name,
@@ -176,6 +190,8 @@ class Supervisor:
             claim_reader=claim_reader,
             boot_id=session.files.boot_id() or "unknown",
             events=events,
+            dynamic_mig=config.dynamic_mig,
+            effectors=effectors,
         )
         report = await engine.start()
         stack.push_async_callback(engine.close)

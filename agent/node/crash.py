@@ -15,7 +15,8 @@ import sys
 from typing import Final, Literal, get_args
 
 ENV_VAR: Final = "GPU_DRA_AGENT_CRASH_AT"
-CrashPoint = Literal[
+#: The steps of every prepare and unprepare (the engine's).
+EngineCrashPoint = Literal[
     "after-claim-read",
     "after-prepare-started",
     "after-cdi-write",
@@ -23,16 +24,22 @@ CrashPoint = Literal[
     "unprepare-after-cdi-remove",
     "unprepare-after-checkpoint",
 ]
-CRASH_POINTS: Final[tuple[CrashPoint, ...]] = get_args(CrashPoint)
+#: The steps of making a dynamic MIG device (``agent.mig``): its intent is durable, its GPU
+#: instance exists, its compute instance exists.
+MigCrashPoint = Literal["after-mig-intent", "after-gpu-instance", "after-compute-instance"]
+CrashPoint = Literal[EngineCrashPoint, MigCrashPoint]
+CRASH_POINTS: Final[tuple[EngineCrashPoint, ...]] = get_args(EngineCrashPoint)
+MIG_CRASH_POINTS: Final[tuple[MigCrashPoint, ...]] = get_args(MigCrashPoint)
+ALL_CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (*CRASH_POINTS, *MIG_CRASH_POINTS)
 EXIT_STATUS: Final = 137
 
 
 def _armed(value: str | None) -> str | None:
     if not value:
         return None
-    if value not in CRASH_POINTS:
+    if value not in ALL_CRASH_POINTS:
         raise SystemExit(
-            f"{ENV_VAR}={value!r} is not a crash point; use one of {', '.join(CRASH_POINTS)}"
+            f"{ENV_VAR}={value!r} is not a crash point; use one of {', '.join(ALL_CRASH_POINTS)}"
         )
     return value
 

@@ -131,6 +131,19 @@ CHECKPOINT_WRITE_DURATION = _meter.create_histogram(
     explicit_bucket_boundaries_advisory=IO_BUCKETS,
 )
 
+MIG_RECONFIGURATIONS = _meter.create_counter(
+    "gpu_dra_mig_reconfigurations",
+    "{reconfiguration}",
+    "dynamic MIG changes (operation: create, destroy, mode), by outcome (success, error, busy)",
+)
+MIG_RECONFIGURE_DURATION = _meter.create_histogram(
+    "gpu_dra_mig_reconfigure_duration",
+    "s",
+    "time of one dynamic MIG change (a GPU and compute instance made or destroyed, a MIG mode "
+    "switch), NVML calls and retries included, by operation",
+    explicit_bucket_boundaries_advisory=RPC_BUCKETS,
+)
+
 #: Every metric the agent exports to Prometheus, by its exported name (docs/OBSERVABILITY.md).
 #: ``gpu_dra_trace_spans_dropped_total`` is created by the span processor
 #: (:mod:`agent.telemetry.export`); the ``process_*`` ones come from the exposition itself.
@@ -149,6 +162,8 @@ PROMETHEUS_NAMES: Final = (
     "gpu_dra_slice_watch_restarts_total",
     "gpu_dra_nvml_call_duration_seconds",
     "gpu_dra_checkpoint_write_duration_seconds",
+    "gpu_dra_mig_reconfigurations_total",
+    "gpu_dra_mig_reconfigure_duration_seconds",
     "gpu_dra_trace_spans_dropped_total",
 )
 PROCESS_NAMES: Final = (

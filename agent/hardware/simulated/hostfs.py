@@ -8,7 +8,6 @@ exercised exactly as in production.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from agent.hardware.simulated.profile import HostProfile
@@ -76,14 +75,32 @@ def lay_out_host(profile: HostProfile, root: Path) -> None:
 
 
 def write_mig_capabilities(state: HostState, root: Path) -> None:
-    """(Re)write the per-GPU MIG capability files for the GPU and compute instances that exist."""
+    """(Re)write the per-GPU MIG capability files for the GPU and compute instances that exist.
+
+    Incremental, as procfs behaves: the access file of an instance that still exists is never
+    missing, even for an instant, while another instance comes or goes (an agent reads them
+    right after creating an instance, while other GPUs reconfigure)."""
     caps = root / "proc/driver/nvidia/capabilities"
     for gpu in state.gpus:
-        gpu_dir = caps / f"gpu{gpu.spec.minor}"
-        shutil.rmtree(gpu_dir / "mig", ignore_errors=True)
+        mig_dir = caps / f"gpu{gpu.spec.minor}" / "mig"
+        wanted: dict[Path, str] = {}
         for gi in gpu.gpu_instances.values():
             minor = gi_capability_minor(gpu.spec.minor, gi.id)
-            _write(gpu_dir / f"mig/gi{gi.id}/access", _access(minor))
+            wanted[mig_dir / f"gi{gi.id}/access"] = _access(minor)
             for ci in gi.compute_instances.values():
                 ci_minor = ci_capability_minor(gpu.spec.minor, gi.id, ci.id)
-                _write(gpu_dir / f"mig/gi{gi.id}/ci{ci.id}/access", _access(ci_minor))
+                wanted[mig_dir / f"gi{gi.id}/ci{ci.id}/access"] = _access(ci_minor)
+        if mig_dir.is_dir():
+            for path in sorted(mig_dir.rglob("access"), reverse=True):
+                if path not in wanted:
+                    path.unlink()
+            for directory in sorted(mig_dir.rglob("*"), reverse=True):
+                if directory.is_dir() and not any(directory.iterdir()):
+                    directory.rmdir()
+        for path, text in wanted.items():
+            try:
+                if path.read_text() == text:
+                    continue
+            except OSError:
+                pass
+            _write(path, text)

@@ -46,6 +46,8 @@ def record_everything() -> None:
     m.add(m.SLICE_WATCH_RESTARTS, 1, reason="ended")
     m.observe(m.NVML_CALL_DURATION, 0.0002, call="nvmlDeviceGetCount_v2")
     m.observe(m.CHECKPOINT_WRITE_DURATION, 0.003)
+    m.add(m.MIG_RECONFIGURATIONS, 1, operation="create", outcome="success")
+    m.observe(m.MIG_RECONFIGURE_DURATION, 0.2, operation="create")
     from agent.telemetry.export import DropCounter
 
     DropCounter().add(1, "queue_full")

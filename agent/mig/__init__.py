@@ -1,0 +1,9 @@
+"""Dynamic MIG: GPU and compute instances made on prepare, destroyed on unprepare.
+
+``MigEffector`` is the engine's device effector for the MIG devices ``--dynamic-mig``
+publishes (``agent.node.effectors`` is the protocol, ``rules`` the exclusivity rules).
+"""
+
+from agent.mig.effector import MigEffector
+
+__all__ = ["MigEffector"]

@@ -1,0 +1,552 @@
+"""The dynamic MIG effector: MIG instances made on prepare and destroyed on unprepare.
+
+With ``--dynamic-mig`` a claim may be allocated a MIG device that does not exist yet (a
+profile at a placement, ``agent.dra.partitionable``). The engine hands such devices to this
+effector (``agent.node.effectors``), which:
+
+1. checks the exclusivity rules (``rules``) against every claim prepared or in flight, so a
+   full-GPU claim on a GPU with MIG devices, a MIG claim on a GPU prepared whole and an
+   overlapping placement each get an error naming the claim in the way;
+2. records its intent (parent GPU UUID, GPU-instance profile and placement, compute-instance
+   profile) durably in the claim's ``PrepareStarted`` entry, before any NVML call changes
+   anything; the parent is named by UUID, never by minor or PCI bus id (the incumbent's
+   rollback looked the parent up by a bus id it never recorded, nvidia-driver-facts.md §4.2);
+3. under the GPU's lock (different GPUs reconfigure in parallel; the engine's other claims go
+   on), reads the GPU's MIG layout, enables MIG mode on a Hopper or newer GPU that has it
+   off, refuses a placement another instance occupies (naming it, and whether this agent
+   made it), creates the GPU instance at exactly the allocated placement, then the compute
+   instance of the profile that spans the whole GPU instance, and reads the MIG UUID;
+4. returns the device with its live ids and the ``nvidia-caps`` device numbers of the GPU-
+   and compute-instance capability files, which the CDI spec names next to the parent's
+   ``/dev/nvidia<minor>`` (majors from ``/proc/devices``).
+
+A failure at any step destroys what this attempt made; what cannot be destroyed stays as an
+intent. Unprepare (and the rollback of a claim that never completed) destroys the compute
+instances, then the GPU instance, retrying an instance a process still uses (NVML
+``IN_USE``) with backoff for ``busy_timeout_s`` (well inside the kubelet's 45 s deadline),
+then failing with a retryable error; on Hopper and newer MIG mode goes back off when the
+GPU's last instance is gone (``--mig-mode-off-when-idle``). A full-GPU device of a
+partitionable GPU is checked too: it needs a GPU without instances, and MIG mode is switched
+off for it.
+
+Ownership: an instance is this agent's when an intent of the checkpoint names its placement
+on its parent (the intent is written before the instance exists and removed only after it is
+gone). Startup recovery destroys the instances of claims that never completed; instances no
+intent names (made by an operator, mig-parted, another tool) are never destroyed, unless
+``--adopt-mig-instances`` says that the agent may destroy every instance that no completed
+claim uses.
+
+Each change is a ``mig.reconfigure`` span under the claim's prepare or unprepare span, with
+the NVML calls as child spans (``hardware.mig_ops``), and is counted in
+``gpu_dra_mig_reconfigurations_total{operation,outcome}`` and timed in
+``gpu_dra_mig_reconfigure_duration_seconds{operation}``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import anyio
+from opentelemetry import trace
+
+from agent.dra.partitionable import MigSlot, is_partitionable, mode_change_without_reset
+from agent.hardware.errors import NvmlCallFailed
+from agent.hardware.hostfiles import HostFiles
+from agent.hardware.inventory import Gpu, Inventory
+from agent.hardware.mig_ops import FULL_CI_PROFILE_BY_SLICES, LiveGpuInstance, MigOps
+from agent.mig import rules
+from agent.node import checkpoint as cp
+from agent.node.crash import crash_point
+from agent.node.effectors import Describe, EffectFailed, Prepared, RecordIntents, StartupRecovery
+from agent.node.plan import NodeDevice, node_devices
+from agent.telemetry.metrics import MIG_RECONFIGURATIONS, MIG_RECONFIGURE_DURATION, add, observe
+from agent.telemetry.tracing import tracer
+
+log = logging.getLogger(__name__)
+
+NAME = "mig"
+#: NVML_ERROR_IN_USE: a process still uses the instance (or a GI still has compute instances).
+IN_USE = 19
+BUSY_BACKOFF_START_S = 0.05
+BUSY_BACKOFF_MAX_S = 1.0
+
+
+class InstanceBusy(EffectFailed):
+    """An instance to destroy is still in use after the retries (retryable)."""
+
+
+@dataclass
+class _Made:
+    """An instance this attempt created (to destroy again if the attempt fails)."""
+
+    intent: cp.Intent
+    gi_id: int
+    ci_id: int | None = None
+
+
+class MigEffector:
+    """The effector of the module docstring, for the partitionable GPUs of ``inventory``."""
+
+    name = NAME
+
+    def __init__(
+        self,
+        ops: MigOps,
+        inventory: Inventory,
+        host_root: Path,
+        *,
+        mode_off_when_idle: bool = True,
+        adopt_instances: bool = False,
+        busy_timeout_s: float = 10.0,
+    ) -> None:
+        self._ops = ops
+        self._devices = {
+            name: device
+            for name, device in node_devices(inventory, dynamic_mig=True).items()
+            if device.partitionable
+        }
+        self._gpus = {gpu.uuid: gpu for gpu in inventory.gpus if is_partitionable(gpu)}
+        self._host = HostFiles(host_root)
+        self._caps_major = self._host.device_majors().get("nvidia-caps")
+        self._mode_off_when_idle = mode_off_when_idle
+        self._adopt = adopt_instances
+        self._busy_timeout_s = busy_timeout_s
+        self._locks: dict[str, anyio.Lock] = {}
+        #: (parent UUID, GI id) -> the claim whose instance it is (made by this process, or
+        #: recorded in the checkpoint at startup): an intent never destroys another's.
+        self._owners: dict[tuple[str, int], str] = {}
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def handles(self, device: str) -> bool:
+        return device in self._devices
+
+    def conflict(
+        self, uid: str, devices: Prepared, held: Mapping[str, Prepared], describe: Describe
+    ) -> str | None:
+        mine = [self._devices[d.device] for d in devices if self._exclusive(d)]
+        theirs = {
+            other: [self._devices[d.device] for d in prepared if self._exclusive(d)]
+            for other, prepared in held.items()
+        }
+        return rules.first_clash(uid, mine, theirs, describe)
+
+    def _exclusive(self, device: cp.PreparedDevice) -> bool:
+        return device.device in self._devices and not device.admin_access
+
+    async def apply(self, uid: str, devices: Prepared, record: RecordIntents) -> Prepared:
+        mine = [d for d in devices if d.device in self._devices]
+        intents = tuple(
+            self._intent(d.device, slot)
+            for d in mine
+            if (slot := self._devices[d.device].slot) is not None
+        )
+        if intents:
+            await record(intents)
+            crash_point("after-mig-intent")
+        by_gpu: dict[str, list[cp.PreparedDevice]] = {}
+        for device in mine:
+            by_gpu.setdefault(self._devices[device.device].gpu.uuid, []).append(device)
+        made: dict[str, cp.PreparedDevice] = {}
+        created: list[_Made] = []
+        errors: list[str] = []
+        async with anyio.create_task_group() as group:
+            for parent, items in by_gpu.items():
+                group.start_soon(self._apply_gpu, uid, parent, items, made, created, errors)
+        if errors:
+            leftover = await self._destroy_made(uid, created)
+            raise EffectFailed("; ".join(errors), leftover)
+        return tuple(made.get(d.device, d) for d in devices)
+
+    async def undo(self, uid: str, intents: tuple[cp.Intent, ...], devices: Prepared) -> None:
+        live = {d.device: d.mig for d in devices if d.mig is not None}
+        by_gpu: dict[str, list[cp.Intent]] = {}
+        for intent in intents:
+            by_gpu.setdefault(intent.string("parentUUID"), []).append(intent)
+        leftover: list[cp.Intent] = []
+        errors: list[str] = []
+
+        async def one_gpu(parent: str, items: list[cp.Intent]) -> None:
+            async with self._lock(parent):
+                for intent in items:
+                    mig = live.get(intent.device)
+                    try:
+                        await self._destroy(uid, intent, mig.gi_id if mig else None)
+                    except EffectFailed as error:
+                        leftover.append(intent)
+                        errors.append(str(error))
+                await self._mode_off_if_idle(parent)
+
+        async with anyio.create_task_group() as group:
+            for parent, items in by_gpu.items():
+                group.start_soon(one_gpu, parent, items)
+        if errors:
+            raise EffectFailed("; ".join(errors), tuple(leftover))
+
+    async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
+        self._owners.clear()
+        for claim in checkpoint.completed():
+            for device in claim.devices:
+                if device.mig is not None:
+                    self._owners[(device.mig.parent_uuid, device.mig.gi_id)] = claim.uid
+        rolled_back: list[str] = []
+        kept: dict[str, tuple[cp.Intent, ...]] = {}
+        problems: list[str] = []
+        for claim in checkpoint.claims.values():
+            mine = tuple(i for i in claim.intents if i.effector == NAME)
+            if claim.state is not cp.ClaimState.PREPARE_STARTED or not mine:
+                continue
+            try:
+                await self.undo(claim.uid, mine, claim.devices)
+                rolled_back.append(claim.uid)
+            except EffectFailed as error:
+                kept[claim.uid] = error.leftover or mine
+                problems.append(str(error))
+        if self._adopt:
+            problems.extend(await self._destroy_unowned(checkpoint))
+        if rolled_back:
+            log.info(
+                "rolled back the MIG instances of %d claim(s) that never completed",
+                len(rolled_back),
+                extra={"claims": rolled_back},
+            )
+        return StartupRecovery(tuple(rolled_back), kept, tuple(problems))
+
+    # -- prepare --------------------------------------------------------------------------
+
+    def _intent(self, device: str, slot: MigSlot) -> cp.Intent:
+        parameters: tuple[tuple[str, str | int], ...] = (
+            ("parentUUID", slot.parent_uuid),
+            ("parentMinor", slot.parent_minor),
+            ("profile", slot.profile.name),
+            ("profileID", slot.profile.profile_id),
+            ("start", slot.placement.start),
+            ("size", slot.placement.size),
+            ("computeProfile", _full_compute_profile(slot)),
+        )
+        return cp.Intent(NAME, device, parameters)
+
+    def _lock(self, parent: str) -> anyio.Lock:
+        lock = self._locks.get(parent)
+        if lock is None:
+            lock = self._locks[parent] = anyio.Lock()
+        return lock
+
+    async def _apply_gpu(
+        self,
+        uid: str,
+        parent: str,
+        devices: list[cp.PreparedDevice],
+        made: dict[str, cp.PreparedDevice],
+        created: list[_Made],
+        errors: list[str],
+    ) -> None:
+        async with self._lock(parent):
+            try:
+                layout = await self._ops.read_layout(parent)
+            except Exception as error:  # NVML failed: this claim fails, the agent goes on
+                errors.append(f"claim {uid}: cannot read the MIG layout of GPU {parent}: {error}")
+                return
+            enabled, instances = layout.mig_enabled, list(layout.instances)
+            for device in devices:
+                node = self._devices[device.device]
+                try:
+                    if node.slot is None:
+                        enabled = await self._whole(uid, node, enabled, instances)
+                        continue
+                    intent = self._intent(device.device, node.slot)
+                    made[device.device], gi = await self._create(
+                        uid, node, device, intent, enabled, instances, created
+                    )
+                    enabled = True
+                    instances.append(gi)
+                except EffectFailed as error:
+                    errors.append(str(error))
+                    return
+                except Exception as error:  # an NVML error, or a bug: this claim only
+                    errors.append(f"claim {uid}: device {device.device}: {error}")
+                    return
+
+    async def _whole(
+        self, uid: str, node: NodeDevice, enabled: bool, instances: list[LiveGpuInstance]
+    ) -> bool:
+        """A full-GPU device: no instance may exist; MIG mode goes off. Returns the mode."""
+        gpu = node.gpu
+        if instances:
+            listed = ", ".join(self._describe_instance(gpu.uuid, gi) for gi in instances)
+            raise EffectFailed(
+                f"claim {uid}: device {node.name} is the whole GPU {gpu.minor} ({gpu.uuid}), "
+                f"which has MIG instances: {listed}; it can be prepared once they are gone"
+            )
+        if not enabled:
+            return False
+        with self._reconfigure("mode", gpu) as span:
+            span.set_attribute("mig.mode", "off")
+            await self._ops.set_mig_mode(gpu.uuid, False)
+        return False
+
+    async def _create(
+        self,
+        uid: str,
+        node: NodeDevice,
+        device: cp.PreparedDevice,
+        intent: cp.Intent,
+        enabled: bool,
+        instances: list[LiveGpuInstance],
+        created: list[_Made],
+    ) -> tuple[cp.PreparedDevice, LiveGpuInstance]:
+        gpu, slot = node.gpu, node.slot
+        assert slot is not None
+        start, size = slot.placement.start, slot.placement.size
+        with self._reconfigure("create", gpu, intent) as span:
+            for gi in instances:
+                if gi.start < start + size and start < gi.start + gi.size:
+                    raise EffectFailed(
+                        f"claim {uid}: device {node.name} cannot be made: placement "
+                        f"{start}+{size} of GPU {gpu.minor} ({gpu.uuid}) is occupied by "
+                        f"{self._describe_instance(gpu.uuid, gi)}"
+                    )
+            if not enabled:
+                if not mode_change_without_reset(gpu):
+                    raise EffectFailed(
+                        f"claim {uid}: device {node.name}: MIG mode of GPU {gpu.minor} "
+                        f"({gpu.uuid}) is off, and an {gpu.architecture} GPU needs a reset to "
+                        "turn it on; enable MIG mode (nvidia-smi -mig 1) and reset the GPU"
+                    )
+                span.add_event("mig.mode.on")
+                await self._ops.set_mig_mode(gpu.uuid, True)
+            gi_id = await self._ops.create_gpu_instance(
+                gpu.uuid, slot.profile.profile_id, start, size
+            )
+            made = _Made(intent, gi_id)
+            created.append(made)
+            self._owners[(gpu.uuid, gi_id)] = uid
+            span.set_attribute("mig.gpu_instance.id", gi_id)
+            crash_point("after-gpu-instance")
+            ci_id, mig_uuid = await self._ops.create_compute_instance(
+                gpu.uuid, gi_id, intent.integer("computeProfile")
+            )
+            made.ci_id = ci_id
+            span.set_attribute("mig.compute_instance.id", ci_id)
+            crash_point("after-compute-instance")
+            if not mig_uuid.startswith("MIG-"):
+                raise EffectFailed(
+                    f"claim {uid}: device {node.name}: NVML gave no MIG UUID for GPU "
+                    f"instance {gi_id} compute instance {ci_id} of GPU {gpu.uuid}"
+                )
+            minors = await anyio.to_thread.run_sync(self._cap_minors, gpu.minor, gi_id, ci_id)
+            if self._caps_major is None or minors is None:
+                raise EffectFailed(
+                    f"claim {uid}: device {node.name}: no nvidia-caps major in /proc/devices or "
+                    f"no capability file for gpu{gpu.minor}/gi{gi_id}/ci{ci_id} under "
+                    "/proc/driver/nvidia/capabilities; is the nvidia-caps module loaded?"
+                )
+        mig = cp.MigInstance(gpu.uuid, gi_id, ci_id, self._caps_major, *minors)
+        live = LiveGpuInstance(gi_id, slot.profile.profile_id, start, size)
+        return replace(device, uuid=mig_uuid, mig=mig), live
+
+    def _cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int] | None:
+        gi = self._host.mig_capability_minor(gpu_minor, gi_id)
+        ci = self._host.mig_capability_minor(gpu_minor, gi_id, ci_id)
+        return None if gi is None or ci is None else (gi, ci)
+
+    async def _destroy_made(self, uid: str, created: list[_Made]) -> tuple[cp.Intent, ...]:
+        """Destroy what a failed attempt made; the intents of what is still there."""
+        leftover: list[cp.Intent] = []
+        for made in created:
+            parent = made.intent.string("parentUUID")
+            async with self._lock(parent):
+                try:
+                    await self._destroy(uid, made.intent, made.gi_id)
+                except EffectFailed as error:
+                    log.warning("%s", error)
+                    leftover.append(made.intent)
+                await self._mode_off_if_idle(parent)
+        return tuple(leftover)
+
+    # -- destroy --------------------------------------------------------------------------
+
+    async def _destroy(self, uid: str, intent: cp.Intent, gi_id: int | None) -> None:
+        """Destroy the instance ``intent`` names (the caller holds the GPU's lock)."""
+        parent = intent.string("parentUUID")
+        gpu = self._gpus.get(parent)
+        with self._reconfigure("destroy", gpu, intent, parent=parent) as span:
+            try:
+                layout = await self._ops.read_layout(parent)
+            except Exception as error:
+                raise EffectFailed(
+                    f"claim {uid}: cannot read the MIG layout of GPU {parent} to destroy "
+                    f"{intent.device}: {error}"
+                ) from error
+            start, profile_id = intent.integer("start"), intent.integer("profileID")
+            found = [
+                gi
+                for gi in layout.instances
+                if gi.start == start
+                and gi.profile_id == profile_id
+                and (gi_id is None or gi.id == gi_id)
+            ]
+            owner = self._owners.get((parent, found[0].id)) if found else None
+            if not found or (owner is not None and owner != uid):
+                span.set_attribute("mig.outcome", "already-gone")
+                return
+            gi = found[0]
+            span.set_attribute("mig.gpu_instance.id", gi.id)
+            for ci in gi.compute_instances:
+                span.set_attribute("mig.compute_instance.id", ci.id)
+                await self._retry_busy(
+                    uid, intent, gi.id, self._ops.destroy_compute_instance, parent, gi.id, ci.id
+                )
+            await self._retry_busy(
+                uid, intent, gi.id, self._ops.destroy_gpu_instance, parent, gi.id
+            )
+            self._owners.pop((parent, gi.id), None)
+
+    async def _retry_busy(
+        self,
+        uid: str,
+        intent: cp.Intent,
+        gi_id: int,
+        call: Callable[..., Awaitable[object]],
+        *args: object,
+    ) -> None:
+        """``call(*args)``; an instance in use is retried with backoff, then a retryable error."""
+        deadline = time.monotonic() + self._busy_timeout_s
+        delay = BUSY_BACKOFF_START_S
+        while True:
+            try:
+                await call(*args)
+                return
+            except NvmlCallFailed as error:
+                if error.code != IN_USE:
+                    raise EffectFailed(
+                        f"claim {uid}: cannot destroy {intent.device} (GPU instance {gi_id}): "
+                        f"{error}"
+                    ) from error
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise InstanceBusy(
+                        f"claim {uid}: {intent.device} (GPU instance {gi_id} of GPU "
+                        f"{intent.string('parentUUID')}) is still in use by a process after "
+                        f"{self._busy_timeout_s:g} s of retries (NVML IN_USE); the kubelet "
+                        "retries the unprepare, stop the process to let it finish"
+                    ) from error
+            await anyio.sleep(min(delay, remaining))
+            delay = min(delay * 2, BUSY_BACKOFF_MAX_S)
+
+    async def _mode_off_if_idle(self, parent: str) -> None:
+        """MIG mode off on a Hopper+ GPU without instances (``--mig-mode-off-when-idle``)."""
+        gpu = self._gpus.get(parent)
+        if not self._mode_off_when_idle or gpu is None or not mode_change_without_reset(gpu):
+            return
+        try:
+            layout = await self._ops.read_layout(parent)
+            if not layout.mig_enabled or layout.instances:
+                return
+            with self._reconfigure("mode", gpu) as span:
+                span.set_attribute("mig.mode", "off")
+                await self._ops.set_mig_mode(parent, False)
+        except Exception as error:  # the next unprepare or start tries again
+            log.warning("could not switch MIG mode off on GPU %s: %s", parent, error)
+
+    async def _destroy_unowned(self, checkpoint: cp.Checkpoint) -> list[str]:
+        """``--adopt-mig-instances``: destroy every instance no completed claim uses."""
+        used = {
+            (d.mig.parent_uuid, d.mig.gi_id)
+            for claim in checkpoint.claims.values()
+            for d in claim.devices
+            if d.mig is not None
+        }
+        intents = {
+            (i.string("parentUUID"), i.integer("start"))
+            for claim in checkpoint.claims.values()
+            for i in claim.intents
+            if i.effector == NAME
+        }
+        problems: list[str] = []
+        for parent in self._gpus:
+            async with self._lock(parent):
+                try:
+                    layout = await self._ops.read_layout(parent)
+                except Exception as error:
+                    problems.append(f"cannot read the MIG layout of GPU {parent}: {error}")
+                    continue
+                for gi in layout.instances:
+                    if (parent, gi.id) in used or (parent, gi.start) in intents:
+                        continue
+                    intent = cp.Intent(
+                        NAME,
+                        f"adopted GPU instance {gi.id}",
+                        (("parentUUID", parent), ("profileID", gi.profile_id), ("start", gi.start)),
+                    )
+                    try:
+                        await self._destroy("(adopted)", intent, gi.id)
+                    except EffectFailed as error:
+                        problems.append(str(error))
+                await self._mode_off_if_idle(parent)
+        return problems
+
+    # -- telemetry ------------------------------------------------------------------------
+
+    def _describe_instance(self, parent: str, gi: LiveGpuInstance) -> str:
+        owner = self._owners.get((parent, gi.id))
+        whose = f"made for claim {owner}" if owner else "not made by this agent for any claim"
+        return f"GPU instance {gi.id} (profile id {gi.profile_id}, placement {gi.start}+{gi.size}, {whose})"
+
+    @contextmanager
+    def _reconfigure(
+        self,
+        operation: str,
+        gpu: Gpu | None,
+        intent: cp.Intent | None = None,
+        *,
+        parent: str = "",
+    ) -> Iterator[trace.Span]:
+        """Span ``mig.reconfigure`` and the metrics of one change."""
+        attributes: dict[str, str | int] = {
+            "mig.operation": operation,
+            "gpu.uuid": gpu.uuid if gpu is not None else parent,
+        }
+        if intent is not None:
+            attributes["k8s.device.name"] = intent.device
+            for key, name in (("profile", "mig.profile"), ("start", "mig.placement.start")):
+                value = intent.get(key)
+                if value is not None:
+                    attributes[name] = value
+        started = time.perf_counter()
+        outcome = "error"
+        with tracer().start_as_current_span(
+            "mig.reconfigure",
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                yield span
+                outcome = "success"
+            except BaseException as error:
+                outcome = "busy" if isinstance(error, InstanceBusy) else "error"
+                span.set_status(trace.StatusCode.ERROR, str(error) or repr(error))
+                raise
+            finally:
+                span.set_attribute("mig.outcome", outcome)
+                elapsed = time.perf_counter() - started
+                add(MIG_RECONFIGURATIONS, 1, operation=operation, outcome=outcome)
+                observe(MIG_RECONFIGURE_DURATION, elapsed, operation=operation)
+
+
+def _full_compute_profile(slot: MigSlot) -> int:
+    """The compute-instance profile enum that spans the whole GPU instance."""
+    spanning = [
+        p.profile_index
+        for p in slot.profile.compute_profiles
+        if p.slice_count == slot.profile.slice_count
+    ]
+    if spanning:
+        return min(spanning)
+    return FULL_CI_PROFILE_BY_SLICES[slot.profile.slice_count]
