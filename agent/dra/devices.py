@@ -26,9 +26,17 @@ from agent.dra.errors import (
     InvalidValueError,
     LimitExceededError,
 )
-from agent.dra.model import Capacity, DeviceAttribute, DeviceTaint, DraDevice
+from agent.dra.model import (
+    Capacity,
+    CounterConsumption,
+    CounterSet,
+    DeviceAttribute,
+    DeviceTaint,
+    DraDevice,
+)
 from agent.dra.names import device_sort_key, gpu_device_name, mig_device_name, semver_from_numeric
-from agent.hardware.inventory import Gpu, Inventory, MigDevice
+from agent.dra.partitionable import DynamicMig, MigSlot, partition, slot_consumption
+from agent.hardware.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 
 #: Standard attribute names defined by Kubernetes (``k8s.io/dynamic-resource-allocation/deviceattribute``).
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -60,6 +68,11 @@ class DeviceSet:
     unknown_taint_targets: tuple[str, ...] = ()
     #: MIG layouts that are not published, each with the reason.
     unpublished_mig: tuple[str, ...] = ()
+    #: ``--dynamic-mig``: the counter set of every partitionable GPU, by GPU minor.
+    counter_sets: tuple[CounterSet, ...] = ()
+    #: ``--dynamic-mig``: MIG placements not published, each with the reason (static
+    #: instances hold what they need).
+    held_back: tuple[str, ...] = ()
 
 
 def publishable_mig_devices(gpu: Gpu) -> tuple[list[MigDevice], list[str]]:
@@ -92,11 +105,15 @@ def build_devices(
     *,
     taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
     max_taints_per_device: int = limits.MAX_TAINTS_PER_DEVICE,
+    dynamic_mig: DynamicMig | None = None,
 ) -> list[DraDevice]:
     """The devices of ``inventory``, sorted by name; see :func:`build_device_set`."""
     return list(
         build_device_set(
-            inventory, taints=taints, max_taints_per_device=max_taints_per_device
+            inventory,
+            taints=taints,
+            max_taints_per_device=max_taints_per_device,
+            dynamic_mig=dynamic_mig,
         ).devices
     )
 
@@ -106,6 +123,7 @@ def build_device_set(
     *,
     taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
     max_taints_per_device: int = limits.MAX_TAINTS_PER_DEVICE,
+    dynamic_mig: DynamicMig | None = None,
 ) -> DeviceSet:
     """Build every allocatable device of ``inventory``.
 
@@ -114,13 +132,37 @@ def build_device_set(
     ``limits.MAX_TAINTS_PER_DEVICE_1_34`` (4) for a 1.34 API server. Raises a
     :class:`DraModelError` subclass naming the device when the inventory cannot be
     published (duplicate names, invalid versions, too many taints).
+
+    With ``dynamic_mig`` (``--dynamic-mig``) every partitionable GPU is published as
+    KEP-4815 partitionable devices: its counter set (in :attr:`DeviceSet.counter_sets`),
+    the full GPU and every MIG placement consuming from it (``agent.dra.partitionable``).
     """
     common = _InventoryVersions.of(inventory)
     dropped: list[DroppedAttribute] = []
     stranded: list[str] = []
     unpublished: list[str] = []
     built: list[DraDevice] = []
+    counter_sets: list[CounterSet] = []
+    held_back: list[str] = []
     for gpu in inventory.gpus:
+        split = (
+            None
+            if dynamic_mig is None
+            else partition(gpu, owned=dynamic_mig.owned, adopt=dynamic_mig.adopt)
+        )
+        if split is not None:
+            if split.full_gpu or split.slots:  # static instances alone consume nothing
+                counter_sets.append(split.counters)
+            held_back += [f"{name}: {why}" for name, why in split.held_back]
+            if split.full_gpu:
+                built.append(
+                    _full_gpu_device(gpu, common, dropped, (split.full_gpu_consumption(),))
+                )
+            for slot in split.slots:
+                built.append(_slot_device(gpu, slot, common, dropped))
+            for mig in split.static.values():
+                built.append(_mig_device(gpu, mig, common, dropped))
+            continue
         if not gpu.mig_enabled:
             built.append(_full_gpu_device(gpu, common, dropped))
             continue
@@ -157,6 +199,8 @@ def build_device_set(
         stranded_gpus=tuple(stranded),
         unknown_taint_targets=tuple(sorted(name for name in wanted if name not in by_name)),
         unpublished_mig=tuple(unpublished),
+        counter_sets=tuple(counter_sets),
+        held_back=tuple(held_back),
     )
 
 
@@ -212,8 +256,10 @@ class _DeviceBuilder:
             return
         self.attributes[attribute] = DeviceAttribute.of_string(value)
 
-    def build(self) -> DraDevice:
-        return DraDevice(self.name, dict(self.attributes), dict(self.capacity))
+    def build(self, consumes: tuple[CounterConsumption, ...] = ()) -> DraDevice:
+        return DraDevice(
+            self.name, dict(self.attributes), dict(self.capacity), consumes_counters=consumes
+        )
 
 
 def _gpu_attributes(builder: _DeviceBuilder, gpu: Gpu, versions: _InventoryVersions) -> None:
@@ -249,7 +295,10 @@ def fabric_clique(gpu: Gpu) -> str | None:
 
 
 def _full_gpu_device(
-    gpu: Gpu, versions: _InventoryVersions, dropped: list[DroppedAttribute]
+    gpu: Gpu,
+    versions: _InventoryVersions,
+    dropped: list[DroppedAttribute],
+    consumes: tuple[CounterConsumption, ...] = (),
 ) -> DraDevice:
     builder = _DeviceBuilder(gpu_device_name(gpu.minor), dropped)
     builder.required("type", "gpu")
@@ -257,30 +306,34 @@ def _full_gpu_device(
     _gpu_attributes(builder, gpu, versions)
     if gpu.memory_bytes is not None:
         builder.capacity["memory"] = gpu.memory_bytes
-    return builder.build()
+    return builder.build(consumes)
 
 
-def _mig_device(
-    gpu: Gpu, mig: MigDevice, versions: _InventoryVersions, dropped: list[DroppedAttribute]
+def _slot_device(
+    gpu: Gpu, slot: MigSlot, versions: _InventoryVersions, dropped: list[DroppedAttribute]
 ) -> DraDevice:
-    profile, placement = mig.profile, mig.placement
-    name = mig_device_name(gpu.minor, profile.name, profile.profile_id, placement.start)
-    if mig.parent_uuid != gpu.uuid:
-        raise DraModelError(
-            f"MIG device {name!r} ({mig.uuid}) names parent {mig.parent_uuid!r} but was found "
-            f"on GPU {gpu.uuid!r}; the hardware inventory is inconsistent"
-        )
+    """A MIG device that does not exist yet (``--dynamic-mig``): the attributes of a static
+    MIG device but ``uuid`` (the instance gets one when a claim is prepared), and the
+    counters it consumes."""
+    _check_placement(slot.name, slot.placement)
+    builder = _DeviceBuilder(slot.name, dropped)
+    builder.required("type", "mig")
+    builder.required("parentUUID", gpu.uuid)
+    builder.required("profile", slot.profile.name)
+    _gpu_attributes(builder, gpu, versions)
+    _mig_capacity(builder, slot.profile, slot.placement)
+    return builder.build((slot_consumption(slot),))
+
+
+def _check_placement(name: str, placement: MigPlacement) -> None:
     if placement.start < 0 or placement.size < 1:
         raise InvalidValueError(
             f"MIG device {name!r}: placement start {placement.start}, size {placement.size} "
             "is not a valid memory-slice range"
         )
-    builder = _DeviceBuilder(name, dropped)
-    builder.required("type", "mig")
-    builder.required("uuid", mig.uuid)
-    builder.required("parentUUID", mig.parent_uuid)
-    builder.required("profile", profile.name)
-    _gpu_attributes(builder, gpu, versions)
+
+
+def _mig_capacity(builder: _DeviceBuilder, profile: MigProfile, placement: MigPlacement) -> None:
     builder.capacity.update(
         {
             "multiprocessors": profile.multiprocessors,
@@ -294,4 +347,24 @@ def _mig_device(
     )
     for index in range(placement.start, placement.start + placement.size):
         builder.capacity[f"memorySlice{index}"] = 1
+
+
+def _mig_device(
+    gpu: Gpu, mig: MigDevice, versions: _InventoryVersions, dropped: list[DroppedAttribute]
+) -> DraDevice:
+    profile, placement = mig.profile, mig.placement
+    name = mig_device_name(gpu.minor, profile.name, profile.profile_id, placement.start)
+    if mig.parent_uuid != gpu.uuid:
+        raise DraModelError(
+            f"MIG device {name!r} ({mig.uuid}) names parent {mig.parent_uuid!r} but was found "
+            f"on GPU {gpu.uuid!r}; the hardware inventory is inconsistent"
+        )
+    _check_placement(name, placement)
+    builder = _DeviceBuilder(name, dropped)
+    builder.required("type", "mig")
+    builder.required("uuid", mig.uuid)
+    builder.required("parentUUID", mig.parent_uuid)
+    builder.required("profile", profile.name)
+    _gpu_attributes(builder, gpu, versions)
+    _mig_capacity(builder, profile, placement)
     return builder.build()

@@ -31,3 +31,19 @@ MAX_DRIVER_NAME_LENGTH: Final = 63
 MAX_DNS_LABEL_LENGTH: Final = 63
 #: DNS subdomain (node names, pool names, object names).
 MAX_DNS_SUBDOMAIN_LENGTH: Final = 253
+
+# -- KEP-4815 partitionable devices (sharedCounters / consumesCounters) ---------------------
+#: ``ResourceSliceMaxSharedCounters`` (1.34): counters of all sets of one slice together.
+MAX_SHARED_COUNTERS_PER_SLICE_1_34: Final = 32
+#: ``ResourceSliceMaxCounterSets`` (1.35+): counter sets in one (counters-only) slice.
+MAX_COUNTER_SETS_PER_SLICE: Final = 8
+#: ``ResourceSliceMaxCountersPerCounterSet`` (1.35+): counters in one set (1.34: in all sets).
+MAX_COUNTERS_PER_SET: Final = 32
+#: ``ResourceSliceMaxDeviceCounterConsumptionsPerDevice`` (1.35+): consumesCounters entries.
+MAX_COUNTER_CONSUMPTIONS_PER_DEVICE: Final = 2
+#: Counters one device consumes: 32 in all its entries on 1.34, 32 per entry on 1.35+.
+#: Enforced as 32 in all entries, valid on both.
+MAX_COUNTERS_PER_DEVICE: Final = 32
+#: ``ResourceSliceMaxDeviceCountersPerSlice`` (1.34): counters consumed by all devices of
+#: one slice together.
+MAX_CONSUMED_COUNTERS_PER_SLICE_1_34: Final = 1024

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from agent.dra import limits
 from agent.dra.errors import InvalidNameError, InvalidValueError, LimitExceededError
 from agent.dra.names import (
+    is_dns_label,
     is_label_value,
     is_semver,
     label_key_problem,
@@ -159,12 +160,15 @@ class DraDevice:
     attributes: Mapping[str, DeviceAttribute] = field(default_factory=dict)
     capacity: Mapping[str, Capacity] = field(default_factory=dict)
     taints: tuple[DeviceTaint, ...] = ()
+    #: KEP-4815: the shared counters an allocation of this device uses up.
+    consumes_counters: tuple[CounterConsumption, ...] = ()
 
     def __post_init__(self) -> None:
         # Read-only copies: a device validated once must not change behind our back.
         object.__setattr__(self, "attributes", MappingProxyType(dict(self.attributes)))
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
         object.__setattr__(self, "taints", tuple(self.taints))
+        object.__setattr__(self, "consumes_counters", tuple(self.consumes_counters))
         validate_device_name(self.name)
         for name in (*self.attributes, *self.capacity):
             validate_qualified_name(name, device=self.name)
@@ -187,15 +191,33 @@ class DraDevice:
             )
         for name, value in self.capacity.items():
             _quantity_text(self.name, name, value)
+        consumed = self.consumes_counters
+        if len(consumed) > limits.MAX_COUNTER_CONSUMPTIONS_PER_DEVICE:
+            raise LimitExceededError(
+                f"device {self.name!r} consumes from {len(consumed)} counter sets; the API "
+                f"allows {limits.MAX_COUNTER_CONSUMPTIONS_PER_DEVICE}"
+            )
+        if len({entry.counter_set for entry in consumed}) != len(consumed):
+            raise InvalidNameError(f"device {self.name!r} names a counter set twice")
+        if self.consumed_counter_count > limits.MAX_COUNTERS_PER_DEVICE:
+            raise LimitExceededError(
+                f"device {self.name!r} consumes {self.consumed_counter_count} counters; the "
+                f"API allows {limits.MAX_COUNTERS_PER_DEVICE}"
+            )
+
+    @property
+    def consumed_counter_count(self) -> int:
+        """How many counters the device consumes, over all its counter sets."""
+        return sum(len(entry.counters) for entry in self.consumes_counters)
 
     @property
     def uses_advanced_features(self) -> bool:
         """Whether the device counts toward the 64-devices-per-slice limit (1.35+)."""
-        return bool(self.taints)
+        return bool(self.taints) or bool(self.consumes_counters)
 
     def with_taints(self, taints: tuple[DeviceTaint, ...]) -> DraDevice:
         """The same device with ``taints`` instead of its current taints."""
-        return DraDevice(self.name, self.attributes, self.capacity, taints)
+        return DraDevice(self.name, self.attributes, self.capacity, taints, self.consumes_counters)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -208,9 +230,72 @@ class DraDevice:
                 name: {"value": _quantity_text(self.name, name, self.capacity[name])}
                 for name in sorted(self.capacity)
             }
+        if self.consumes_counters:
+            out["consumesCounters"] = [entry.to_dict() for entry in self.consumes_counters]
         if self.taints:
             out["taints"] = [taint.to_dict() for taint in self.taints]
         return out
+
+
+def _counters(owner: str, counters: Mapping[str, Capacity]) -> MappingProxyType[str, Capacity]:
+    """Validated, read-only counters: DNS-label names, non-negative quantities, at most 32."""
+    if len(counters) > limits.MAX_COUNTERS_PER_SET:
+        raise LimitExceededError(
+            f"{owner} has {len(counters)} counters; the API allows {limits.MAX_COUNTERS_PER_SET}"
+        )
+    for name, value in counters.items():
+        if not isinstance(name, str) or not is_dns_label(name):
+            raise InvalidNameError(f"{owner}: counter name {name!r} is not a DNS label")
+        if parse_quantity(_quantity_text(owner, name, value)) < 0:
+            raise InvalidValueError(f"{owner}: counter {name!r} is negative ({value!r})")
+    return MappingProxyType(dict(counters))
+
+
+def _counters_dict(owner: str, counters: Mapping[str, Capacity]) -> dict[str, dict[str, str]]:
+    return {name: {"value": _quantity_text(owner, name, counters[name])} for name in counters}
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSet:
+    """A KEP-4815 ``CounterSet``: named amounts that devices of the pool share.
+
+    Counters are kept in the order given (the wire form is a map; the order only makes
+    ``discover`` and the docs read naturally)."""
+
+    name: str
+    counters: Mapping[str, Capacity] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not is_dns_label(self.name):
+            raise InvalidNameError(f"counter set name {self.name!r} is not a DNS label")
+        object.__setattr__(self, "counters", _counters(f"counter set {self.name!r}", self.counters))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "counters": _counters_dict(f"counter set {self.name!r}", self.counters),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class CounterConsumption:
+    """A KEP-4815 ``DeviceCounterConsumption``: what a device uses up of one counter set."""
+
+    counter_set: str
+    counters: Mapping[str, Capacity] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.counter_set, str) or not is_dns_label(self.counter_set):
+            raise InvalidNameError(f"counter set name {self.counter_set!r} is not a DNS label")
+        object.__setattr__(
+            self, "counters", _counters(f"consumption of {self.counter_set!r}", self.counters)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "counterSet": self.counter_set,
+            "counters": _counters_dict(f"consumption of {self.counter_set!r}", self.counters),
+        }
 
 
 def _quantity_text(device: str, name: str, value: Capacity) -> str:

@@ -5,7 +5,7 @@ says which to delete, update and create, and at which pool generation. Keeping i
 I/O lets the generation rules be tested case by case.
 
 The rules follow the Go ``resourceslice`` controller (kubelet-dra-protocol.md §6): only the
-highest generation counts, obsolete slices go first, matching is by device-name set, and a
+highest generation counts, obsolete slices go first, matching is by device-name set (and counter-set names), and a
 change that touches more than one slice, or the set of slices, moves the pool to a new
 generation with every slice rewritten. Two refinements save writes where the Go controller
 spends them without need:
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.dra.slices import device_names, slices_match
+from agent.dra.slices import content_names, slices_match
 
 Obj = dict[str, Any]
 
@@ -140,11 +140,11 @@ def _match(
     the one already right, then the oldest name."""
     by_names: dict[frozenset[str], list[Obj]] = {}
     for obj in live:
-        by_names.setdefault(device_names(obj), []).append(obj)
+        by_names.setdefault(content_names(obj), []).append(obj)
     pairs: list[tuple[Obj, Obj]] = []
     leftover_desired: list[Obj] = []
     for want in desired:
-        candidates = by_names.get(device_names(want)) or []
+        candidates = by_names.get(content_names(want)) or []
         if not candidates:
             leftover_desired.append(want)
             continue
@@ -213,5 +213,5 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 def _sort_key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    names = sorted(device_names(obj))
+    names = sorted(content_names(obj))
     return (names[0] if names else "", _name(obj))

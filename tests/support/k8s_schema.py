@@ -151,3 +151,70 @@ def _objects(documents: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
             yield from document
         else:
             yield document
+
+
+def pool_rule_errors(slices: Iterable[Mapping[str, Any]], version: str) -> list[str]:
+    """The ResourceSlice rules the API server of ``version`` checks beyond the schema, for the
+    partitionable-device fields (kubelet-dra-protocol.md §4), over one pool's slices.
+
+    1.34: a slice holds at most 32 shared counters in all its sets, a device consumes at most
+    32 counters and a slice's devices at most 1024, and a device may only consume a counter
+    set of its own slice. 1.35+: ``sharedCounters`` and ``devices`` never share a slice, at
+    most 8 sets per slice and 32 counters per set, at most 2 consumption entries per device of
+    32 counters each. Always: at most 128 devices per slice, 64 when any has taints or
+    consumesCounters (from 1.35), set names unique in the pool, every consumed set and counter
+    published in the pool, at most 32 attributes and capacities per device.
+    """
+    minor = int(re.fullmatch(r"v?1\.(\d+).*", version)[1])  # type: ignore[index]
+    errors: list[str] = []
+    sets: dict[str, set[str]] = {}
+    items = list(slices)
+    for obj in items:
+        for counter_set in obj["spec"].get("sharedCounters") or []:
+            if counter_set["name"] in sets:
+                errors.append(f"counter set {counter_set['name']} is published twice")
+            sets[counter_set["name"]] = set(counter_set.get("counters") or {})
+    for index, obj in enumerate(items):
+        spec = obj["spec"]
+        where = f"slice {index}"
+        shared = spec.get("sharedCounters") or []
+        devices = spec.get("devices") or []
+        advanced = any(d.get("taints") or d.get("consumesCounters") for d in devices)
+        limit = 64 if advanced else 128
+        if len(devices) > limit:
+            errors.append(f"{where}: {len(devices)} devices, at most {limit}")
+        total_shared = sum(len(s.get("counters") or {}) for s in shared)
+        consumed = 0
+        if minor <= 34:
+            if total_shared > 32:
+                errors.append(f"{where}: {total_shared} shared counters, at most 32")
+        else:
+            if shared and devices:
+                errors.append(f"{where}: sharedCounters and devices in one slice")
+            if len(shared) > 8:
+                errors.append(f"{where}: {len(shared)} counter sets, at most 8")
+            for s in shared:
+                if len(s.get("counters") or {}) > 32:
+                    errors.append(f"{where}: counter set {s['name']} has more than 32 counters")
+        own = {s["name"] for s in shared}
+        for device in devices:
+            name = device["name"]
+            if len(device.get("attributes") or {}) + len(device.get("capacity") or {}) > 32:
+                errors.append(f"{where}: device {name} has over 32 attributes and capacities")
+            entries = device.get("consumesCounters") or []
+            count = sum(len(e.get("counters") or {}) for e in entries)
+            consumed += count
+            if minor >= 35 and len(entries) > 2:
+                errors.append(f"{where}: device {name} has {len(entries)} consumesCounters")
+            if count > 32 and (minor <= 34 or any(len(e["counters"]) > 32 for e in entries)):
+                errors.append(f"{where}: device {name} consumes {count} counters")
+            for entry in entries:
+                set_name = entry["counterSet"]
+                if minor <= 34 and set_name not in own:
+                    errors.append(f"{where}: device {name} consumes {set_name} of another slice")
+                missing = set(entry.get("counters") or {}) - sets.get(set_name, set())
+                if set_name not in sets or missing:
+                    errors.append(f"{where}: device {name} consumes unpublished {set_name}")
+        if minor <= 34 and consumed > 1024:
+            errors.append(f"{where}: devices consume {consumed} counters, at most 1024")
+    return errors

@@ -11,22 +11,46 @@ from typing import Any
 
 import anyio
 
-from agent.dra import build_devices, build_slices
+from agent.dra import build_device_set, build_slices
+from agent.dra.partitionable import DynamicMig
+from agent.dra.slices import SliceLayout
 from agent.hardware.discovery import discover_host
+from agent.hardware.inventory import Inventory
 
 DRIVER = "gpu.nvidia.com"
 
 
 @cache
-def _slices(profile: str, node: str) -> tuple[dict[str, Any], ...]:
+def profile_inventory(profile: str) -> Inventory:
+    """The inventory ``discover --simulate PROFILE`` finds (cached: inventories are frozen)."""
     with tempfile.TemporaryDirectory(prefix="slices-") as root:
-        inventory = anyio.run(discover_host, profile, Path(root))
-    slices = build_slices(build_devices(inventory), node_name=node, driver_name=DRIVER)
+        return anyio.run(discover_host, profile, Path(root))
+
+
+@cache
+def _slices(
+    profile: str, node: str, dynamic_mig: DynamicMig | None, slice_layout: SliceLayout
+) -> tuple[dict[str, Any], ...]:
+    device_set = build_device_set(profile_inventory(profile), dynamic_mig=dynamic_mig)
+    slices = build_slices(
+        device_set.devices,
+        node_name=node,
+        driver_name=DRIVER,
+        counter_sets=device_set.counter_sets,
+        slice_layout=slice_layout,
+    )
     for index, item in enumerate(slices):
         item["metadata"]["name"] = f"{node}-{DRIVER}-{index}"
     return tuple(slices)
 
 
-def profile_slices(profile: str, node: str = "node-a") -> list[dict[str, Any]]:
-    """A fresh copy each call: tests may edit them (taints, counters)."""
-    return copy.deepcopy(list(_slices(profile, node)))
+def profile_slices(
+    profile: str,
+    node: str = "node-a",
+    *,
+    dynamic_mig: DynamicMig | None = None,
+    slice_layout: SliceLayout = "split",
+) -> list[dict[str, Any]]:
+    """A fresh copy each call: tests may edit them (taints, counters). ``dynamic_mig``
+    publishes as ``--dynamic-mig`` does, laid out by ``slice_layout``."""
+    return copy.deepcopy(list(_slices(profile, node, dynamic_mig, slice_layout)))
