@@ -259,7 +259,7 @@ async def test_startup_rolls_back_a_claim_that_never_completed(mig: MigNode) -> 
     other_intent = cp.Intent(
         "mig",
         G0_3G_0,
-        tuple((k, v) for k, v in intent.parameters if k != "start") + (("start", 0),),
+        (*tuple((k, v) for k, v in intent.parameters if k != "start"), ("start", 0)),
     )
     started = cp.record_intents(started, other.uid, [other_intent])
     started = cp.mark_started(started, ref.uid, "default", "half")
