@@ -7,7 +7,7 @@ Prometheus is the binary of Debian's ``prometheus`` package, which ``make test``
 scrape interval. Without the binary the test is skipped, except under CI (``CI=true``), where
 it fails: CI runs ``make test``, which fetches it. Before Prometheus starts, the agent has served a
 prepare (sent with a sampled ``traceparent``), an unprepare, a claim error, a slice publish and
-an injected XID 79; tracing exports to a closed port with a one-span queue, so spans are
+an injected XID 79 and a dynamic MIG device made and destroyed (``--dynamic-mig``); tracing exports to a closed port with a one-span queue, so spans are
 dropped and counted too. The API server fails the taint's slice write once and ends the slice
 watch, for the publish error and watch restart counters.
 """
@@ -143,6 +143,9 @@ async def exercise(harness: AgentHarness) -> None:
         result = await harness.prepare(claim)
     assert not result[claim.uid].error, result
     await harness.unprepare(claim)
+    mig = await harness.claim(["gpu-4-mig-1g10gb-19-0"])  # dynamic MIG: made, then destroyed
+    assert not (await harness.prepare(mig))[mig.uid].error
+    assert not (await harness.unprepare(mig))[mig.uid].error
     bad = await harness.claim(["gpu-99"])  # no such device: a per-claim error
     assert (await harness.prepare(bad))[bad.uid].error
     # the XID's taint is written through a failing API server (a publish error, retried),
@@ -166,7 +169,7 @@ async def test_prometheus_scrapes_every_documented_metric_and_the_dashboard_work
         "OTEL_BSP_EXPORT_TIMEOUT": "1000",
     }
     agent = await fresh_harness.start_agent(
-        tracing, args=["--metrics-address", f"127.0.0.1:{port}"]
+        tracing, args=["--metrics-address", f"127.0.0.1:{port}", "--dynamic-mig", "true"]
     )
     try:
         await exercise(fresh_harness)

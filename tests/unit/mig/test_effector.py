@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,10 @@ from typing import Any
 import anyio
 import pynvml
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent.hardware import mig_ops
 from agent.hardware.discovery import NvmlSession, discover, nvml_session
@@ -28,6 +32,8 @@ from agent.node import checkpoint as cp
 from agent.node.engine import PrepareEngine
 from agent.node.types import ClaimRef
 from agent.sim.apiserver import EmbeddedApiServer
+from agent.telemetry.tracing import configure_tracing
+from tests.support.metrics import reading
 from tests.unit.node.engine_support import Host, Node
 
 pytestmark = pytest.mark.anyio
@@ -294,3 +300,72 @@ async def test_different_gpus_reconfigure_in_parallel(mig: MigNode) -> None:
         assert set((await engine.unprepare(refs)).values()) == {None}
     finally:
         await engine.close()
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    configure_tracing(exporter=InMemorySpanExporter())  # a provider for the whole session
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()
+
+
+async def test_reconfigure_spans_nest_under_the_claim_and_metrics_count(
+    mig: MigNode, spans: InMemorySpanExporter
+) -> None:
+    metrics = reading()
+    created = metrics.value("gpu_dra_mig_reconfigurations", operation="create", outcome="success")
+    destroyed = metrics.count("gpu_dra_mig_reconfigure_duration", operation="destroy")
+    engine = await mig.engine()
+    try:
+        ref = await mig.node.claim("traced", [G0_3G_4])
+        assert await prepare(engine, ref) is None
+        assert await engine.unprepare([ref]) == {ref.uid: None}
+    finally:
+        await engine.close()
+    finished = spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in finished}
+
+    def parent(span: ReadableSpan) -> ReadableSpan:
+        assert span.parent is not None
+        return by_id[span.parent.span_id]
+
+    reconfigures = [s for s in finished if s.name == "mig.reconfigure"]
+
+    def operation(span: ReadableSpan) -> object:
+        return (span.attributes or {}).get("mig.operation")
+
+    create = next(s for s in reconfigures if operation(s) == "create")
+    destroy = next(s for s in reconfigures if operation(s) == "destroy")
+    modes = [s for s in reconfigures if operation(s) == "mode"]
+    assert parent(create).name == "claim.prepare"
+    assert parent(destroy).name == "claim.unprepare"
+    assert [parent(m).name for m in modes] == ["claim.unprepare"]  # off when idle
+    wanted = {
+        "gpu.uuid": mig.uuid(0),
+        "mig.profile": "3g.40gb",
+        "mig.placement.start": 4,
+        "mig.outcome": "success",
+    }
+    assert create.attributes is not None
+    assert {key: create.attributes.get(key) for key in wanted} == wanted
+    assert isinstance(create.attributes.get("mig.gpu_instance.id"), int)
+    assert isinstance(create.attributes.get("mig.compute_instance.id"), int)
+
+    def children_of(span: ReadableSpan) -> set[str]:
+        return {s.name for s in finished if s.parent and s.parent.span_id == span.context.span_id}
+
+    children = children_of(create)
+    assert {
+        "nvml.SetMigMode",
+        "nvml.CreateGpuInstanceWithPlacement",
+        "nvml.CreateComputeInstance",
+    } <= children
+    children = children_of(destroy)
+    assert {"nvml.DestroyComputeInstance", "nvml.DestroyGpuInstance"} <= children
+    after = metrics.value("gpu_dra_mig_reconfigurations", operation="create", outcome="success")
+    assert after == created + 1
+    assert metrics.count("gpu_dra_mig_reconfigure_duration", operation="destroy") == destroyed + 1
