@@ -1,7 +1,8 @@
 """Watch the whole agent work on one screen, without a GPU or a cluster (``gpu-dra-agent demo``).
 
 A person evaluating the agent wants to see it do its real job: register with a kubelet,
-publish ResourceSlices, prepare claims into CDI devices, clean up, and taint a GPU that fails
+publish ResourceSlices, prepare claims into CDI devices, clean up, carve a MIG partition out
+of a GPU for a claim and tear it down again (``--dynamic-mig``), and taint a GPU that fails
 and untaint it once it is reset. This command starts the
 embedded API server, runs the real ``gpu-dra-agent run`` command as a subprocess on a simulated
 host, and drives it with the kubelet emulator, in a temporary directory that is removed at the
@@ -118,6 +119,8 @@ def agent_command(workdir: Path, kubeconfig: Path, node_name: str, simulate: str
         str(workdir / "plugins"),
         "--cdi-root",
         str(workdir / "cdi"),
+        "--dynamic-mig",
+        "true",
     ]
 
 
@@ -160,13 +163,14 @@ async def _demo_steps(
                     )
                     await _show_slices(server, node)
                     trace_id = await _prepare_and_unprepare(server, kubelet, node)
+                    await _dynamic_mig(server, kubelet, node, workdir / "plugins")
                     await _gpu_health(server, kubelet, node, workdir / "plugins" / DRIVER)
             finally:
                 await _stop(process)
         left = await anyio.to_thread.run_sync(lambda: [str(p) for p in workdir.rglob("*.sock")])
         if left:
             raise DemoFailed(f"the agent left sockets behind: {', '.join(left)}")
-        say(f"9. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
+        say(f"10. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
     return trace_id
 
 
@@ -181,7 +185,7 @@ async def _show_trace(sink: Any, trace_id: str) -> None:
     except TimeoutError as error:
         raise DemoFailed(f"the prepare's spans did not reach the OTLP receiver: {error}") from None
     say(
-        "10. the first prepare as one trace (OTLP/gRPC receiver; the kubelet's span is the parent):"
+        "11. the first prepare as one trace (OTLP/gRPC receiver; the kubelet's span is the parent):"
     )
     for line in render_tree([s for s in spans if s.trace_id == trace_id]):
         say("   " + line)
@@ -338,7 +342,7 @@ async def _gpu_health(server: Any, kubelet: Any, node: str, plugin_dir: Path) ->
     from agent.sim.kubelet import DeviceHealthState
 
     control = control_socket_path(plugin_dir)
-    say("8. GPU health: the simulated driver reports XID 79 on GPU 3 (fell off the bus)")
+    say("9. GPU health: the simulated driver reports XID 79 on GPU 3 (fell off the bus)")
     await send_request(control, {"op": "xid", "gpu": "3", "xid": 79, "count": 1})
     await kubelet.wait_health(DRIVER, node, "gpu-3", DeviceHealthState.UNHEALTHY, START_TIMEOUT)
     others = {f"gpu-{i}": kubelet.health(DRIVER, node, f"gpu-{i}") for i in (0, 1, 2, 4, 5, 6, 7)}
@@ -359,6 +363,89 @@ async def _gpu_health(server: Any, kubelet: Any, node: str, plugin_dir: Path) ->
         while _taints(server, "gpu-3"):  # noqa: ASYNC110
             await anyio.sleep(0.05)
     say("   health stream: gpu-3 Healthy again; its taint is gone from the ResourceSlice")
+
+
+#: The demo's MIG claim: one 3g.40gb partition of any H100, made when the claim is prepared.
+MIG_REQUEST: dict[str, Any] = {
+    "name": "mig",
+    "exactly": {
+        "deviceClassName": "mig.nvidia.com",
+        "allocationMode": "ExactCount",
+        "count": 1,
+        "selectors": [
+            {"cel": {"expression": "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"}}
+        ],
+    },
+}
+#: Named by hand only while this agent's slices list no dynamic MIG device.
+MIG_FALLBACK_DEVICE = "gpu-0-mig-3g40gb-9-0"
+
+
+async def _dynamic_mig(server: Any, kubelet: Any, node: str, plugins_dir: Path) -> None:
+    """A 3g.40gb partition made for a claim, shown in ``sim state``, and torn down."""
+    from agent.sim.allocation import ApiAccess, claim_from_request, create_and_allocate_claim
+    from agent.sim.claims import AllocatedDevice, create_allocated_claim
+    from agent.sim.kubelet import ClaimRef
+
+    say("8. dynamic MIG: a claim for one 3g.40gb partition (the instance does not exist yet)")
+    published = [
+        entry["name"]
+        for item in server.list_objects("resourceslices")
+        for entry in item["spec"].get("devices", [])
+        if "-mig-3g40gb-" in entry["name"]
+    ]
+    if published:
+        manifest = claim_from_request("mig-partition", MIG_REQUEST, namespace=NAMESPACE)
+        claim = await create_and_allocate_claim(ApiAccess(server.url), manifest, node)
+    else:
+        say(
+            "   (these slices list no dynamic MIG device yet: the claim names "
+            f"{MIG_FALLBACK_DEVICE} itself)"
+        )
+        device = AllocatedDevice(request="mig", device=MIG_FALLBACK_DEVICE, pool=node)
+        claim = await create_allocated_claim(
+            server.url,
+            "mig-partition",
+            [device],
+            namespace=NAMESPACE,
+            node_name=node,
+            device_class_name="mig.nvidia.com",
+        )
+    ref = ClaimRef(namespace=NAMESPACE, name="mig-partition", uid=claim["metadata"]["uid"])
+    (allocated,) = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+    say(f"   {ref.namespace}/{ref.name} is allocated {allocated}")
+    result = (await kubelet.prepare(DRIVER, [ref]))[ref.uid]
+    if result.error:
+        raise DemoFailed(f"preparing the MIG claim failed: {result.error}")
+    for prepared in result.devices:
+        say(f"   prepared {prepared.device_name}: CDI {', '.join(prepared.cdi_device_ids)}")
+    state = _mig_state(plugins_dir)
+    made = [line for line in state if "GI " in line]
+    if len(made) != 1 or "3g.40gb" not in made[0] or "MIG-" not in made[0]:
+        raise DemoFailed(f"sim state does not show one 3g.40gb instance: {state}")
+    say("   gpu-dra-agent sim state (what nvidia-smi mig -lgi -lci would list):")
+    for line in state:
+        say(f"     {line}")
+    results = await kubelet.unprepare(DRIVER, [ref])
+    if results[ref.uid].error:
+        raise DemoFailed(f"unpreparing the MIG claim failed: {results[ref.uid].error}")
+    state = _mig_state(plugins_dir)
+    if any("GI " in line for line in state) or any(" on " in f" {line} " for line in state[1:]):
+        raise DemoFailed(f"the MIG instance or MIG mode outlived the claim: {state}")
+    say("   unprepared: the compute and GPU instances are destroyed and MIG mode is off again")
+
+
+def _mig_state(plugins_dir: Path) -> list[str]:
+    """``sim state``'s table: the header, and the GPUs that have MIG mode on or instances."""
+    from agent.sim.state_cli import format_table, read_state
+
+    lines = format_table(read_state(plugins_dir, DRIVER)).splitlines()
+    shown = [lines[0]]
+    for index, line in enumerate(lines[1:], 1):
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if line.startswith(" ") or " on " in line or following.startswith("       GI"):
+            shown.append(line)
+    return shown
 
 
 def _taints(server: Any, device: str) -> list[dict[str, Any]]:
