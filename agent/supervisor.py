@@ -206,13 +206,31 @@ class Supervisor:
             },
         )
 
+        dynamic_mig: Any = None
+        counter_sets: tuple[Any, ...] = ()
+        slice_layout: Any = "split"
+        if config.dynamic_mig:  # after start: the checkpoint says which instances are ours
+            from agent.dra import build_device_set
+
+            dynamic_mig = _dynamic_mig_settings(engine.checkpoint, config.adopt_mig_instances)
+            device_set = build_device_set(inventory, dynamic_mig=dynamic_mig)
+            devices, counter_sets = list(device_set.devices), device_set.counter_sets
+            slice_layout = await _slice_layout_for_server(api_client, config.slice_layout)
+            log.info(
+                "dynamic MIG: %d partitionable GPU(s), %d device(s), slice layout %s",
+                len(counter_sets),
+                len(devices),
+                slice_layout,
+                extra={"held_back": list(device_set.held_back)},
+            )
         publisher = SlicePublisher(
             api_client,
             node_name=config.node_name,
             driver_name=config.driver_name,
             node_uid=node_uid,
+            slice_layout=slice_layout,
         )
-        publisher.set_devices(devices)
+        publisher.set_devices(devices, counter_sets)
         self._child(group, "slice publisher", publisher.run)
 
         health = None
@@ -227,6 +245,7 @@ class Supervisor:
                 publisher=publisher,
                 events=events,
                 driver_name=config.driver_name,
+                dynamic_mig=dynamic_mig,
             )
             self._child(group, "health monitor", health.monitor.run)
         if session.simulated is not None:
@@ -297,6 +316,44 @@ async def _health_policy_for_server(api_client: Any, policy: HealthPolicy) -> He
         effect,
     )
     return dataclasses.replace(policy, unmonitored_effect=effect)
+
+
+def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
+    """``--dynamic-mig`` publishing settings: the MIG devices whose instance this agent made
+    (a completed claim's device with live ids, or a dynamic MIG intent still recorded) are
+    placements like any other; every other instance found is static (``agent.dra``)."""
+    from agent.dra.partitionable import DynamicMig
+
+    owned = {
+        device.device
+        for claim in checkpoint.claims.values()
+        for device in claim.devices
+        if device.mig is not None
+    }
+    owned |= {
+        intent.device
+        for claim in checkpoint.claims.values()
+        for intent in claim.intents
+        if intent.effector == "mig"
+    }
+    return DynamicMig(owned=frozenset(owned), adopt=adopt)
+
+
+async def _slice_layout_for_server(api_client: Any, configured: str) -> str:
+    """``--slice-layout``: as configured, or for ``auto`` the layout the API server's version
+    accepts (``combined`` on 1.34, ``split`` from 1.35; ``split`` when unreadable)."""
+    from agent.dra.slices import layout_for_version
+    from agent.kube.rawapi import RawSliceApi
+
+    if configured != "auto":
+        return configured
+    version: tuple[int, int] | None = None
+    try:
+        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
+            version = await RawSliceApi(api_client).read_server_version()
+    except Exception as err:
+        log.warning("could not read the API server's version for the slice layout: %s", err)
+    return layout_for_version(version)
 
 
 async def _node_uid(api_client: Any, node_name: str) -> str | None:

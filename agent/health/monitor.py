@@ -10,6 +10,12 @@ a Node Event. Each transition's span starts a trace of its own, and the slice pu
 for links to it (the publish is a trace of its own too). A storm is coalesced at each step: repeats do not transition, a batch's transitions
 of one condition produce one log line, span and Event, and Events go through a bounded queue
 (dropped and counted when full: they are best-effort, the taints and the stream are not).
+
+With ``--dynamic-mig`` the GPU-instance id in an event of a partitionable GPU says nothing by
+itself (ids are handed out as instances are created): such events wait for the GPU's live MIG
+layout (``hardware.mig_ops.read_layout``, read once per GPU for all the events that arrived
+meanwhile), which maps the instance to the placement device it occupies. An instance gone by
+then cannot be named, and its event counts for the whole GPU (the safe side).
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ import pynvml
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from agent.dra import build_devices
-from agent.dra.model import DraDevice
+from agent.dra import build_device_set
+from agent.dra.model import CounterSet, DraDevice
+from agent.dra.names import mig_device_name
+from agent.dra.partitionable import DynamicMig
 from agent.hardware.events import EventPump
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory
+from agent.hardware.mig_ops import MigLayout, read_layout
 from agent.hardware.nvml import Nvml
 from agent.health.policy import HealthPolicy
 from agent.health.state import HealthStateMachine, Transition, device_map
@@ -42,7 +51,9 @@ EVENT_QUEUE_SIZE = 64
 
 
 class DevicePublisher(Protocol):
-    def set_devices(self, devices: Sequence[DraDevice]) -> None: ...
+    def set_devices(
+        self, devices: Sequence[DraDevice], counter_sets: Sequence[CounterSet] = ()
+    ) -> None: ...
 
 
 class HealthMonitor:
@@ -59,8 +70,10 @@ class HealthMonitor:
         events: EventPoster,
         pump: EventPump,
         clock: Callable[[], float] = time.time,
+        dynamic_mig: DynamicMig | None = None,
     ) -> None:
-        self.machine = HealthStateMachine(policy, device_map(inventory))
+        self._dynamic_mig = dynamic_mig
+        self.machine = HealthStateMachine(policy, device_map(inventory, dynamic_mig))
         self.policy = policy
         self.hub = hub
         self.pump = pump
@@ -74,25 +87,86 @@ class HealthMonitor:
         self._outbox, self._inbox = anyio.create_memory_object_stream[
             tuple[str, str, str, otel_context.Context]
         ](EVENT_QUEUE_SIZE)
+        #: Events of MIG instances on partitionable GPUs, waiting for the live layout (a dict:
+        #: ordered, and a storm of one event is one entry).
+        self._unresolved: dict[HealthEvent, None] = {}
+        self._resolve_wake = anyio.Event()
+        self.layout_reads = 0
         hub.publish(self.machine.statuses())
 
     async def run(self) -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(self._post_events)
             group.start_soon(self._poll_loop)
+            group.start_soon(self._resolve_loop)
             await self.pump.run(self.handle)
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Follow a hardware change (MIG devices created or destroyed): conditions stay with
         their GPU, and the taints and the health list are republished for the new devices."""
         self._inventory = inventory
-        self.machine.gpus = device_map(inventory)
+        self.machine.gpus = device_map(inventory, self._dynamic_mig)
         self.hub.publish(self.machine.statuses())
-        self._publisher.set_devices(build_devices(inventory, taints=self.machine.taints()))
+        self._publish()
+
+    def _publish(self) -> None:
+        device_set = build_device_set(
+            self._inventory, taints=self.machine.taints(), dynamic_mig=self._dynamic_mig
+        )
+        if device_set.counter_sets:
+            self._publisher.set_devices(device_set.devices, device_set.counter_sets)
+        else:
+            self._publisher.set_devices(device_set.devices)
 
     def handle(self, events: Sequence[HealthEvent]) -> None:
-        """Apply a batch of events (from the pump or a poll) now."""
+        """Apply a batch of events (from the pump or a poll) now; those of MIG instances on
+        partitionable GPUs once their GPU's layout is read (:meth:`_resolve_loop`)."""
+        now: list[HealthEvent] = []
+        for event in events:
+            gpu = self.machine.gpus.get(event.gpu_uuid)
+            if gpu is not None and gpu.partitionable and event.gpu_instance_id is not None:
+                self._unresolved[event] = None
+                self._resolve_wake.set()
+            else:
+                now.append(event)
+        if now:
+            self.apply(self.machine.observe(now, self._clock()))
+
+    async def _resolve_loop(self) -> None:
+        while True:
+            await self._resolve_wake.wait()
+            self._resolve_wake = anyio.Event()
+            await self.resolve_pending()
+
+    async def resolve_pending(self) -> None:
+        """Read the live layout of every GPU with waiting events, then apply them."""
+        events, self._unresolved = list(self._unresolved), {}
+        if not events:
+            return
+        for uuid in dict.fromkeys(event.gpu_uuid for event in events):
+            gpu = self.machine.gpus[uuid]
+            try:
+                layout = await self._nvml.run(read_layout, uuid)
+            except Exception as error:  # lost, say: the events count for the whole GPU
+                log.warning("cannot read the MIG layout of GPU %s: %s", uuid, error)
+                self.machine.learn_instances(uuid, {})
+                continue
+            self.layout_reads += 1
+            self.machine.learn_instances(uuid, self._instance_names(gpu.minor, layout))
         self.apply(self.machine.observe(events, self._clock()))
+
+    def _instance_names(self, minor: int, layout: MigLayout) -> dict[tuple[int, int], str]:
+        gpu = next((g for g in self._inventory.gpus if g.minor == minor), None)
+        profiles = {p.profile_id: p.name for p in gpu.mig_profiles} if gpu else {}
+        out: dict[tuple[int, int], str] = {}
+        for gi in layout.instances:
+            profile = profiles.get(gi.profile_id)
+            if profile is None:
+                continue
+            name = mig_device_name(minor, profile, gi.profile_id, gi.start)
+            for ci in gi.compute_instances:
+                out[(gi.id, ci.id)] = name
+        return out
 
     def apply(self, transitions: Sequence[Transition]) -> None:
         if not transitions:
@@ -102,9 +176,7 @@ class HealthMonitor:
         coalesced = _coalesce(transitions)
         spans = [self._span(transition, repeats) for transition, repeats in coalesced]
         with caused_by(spans):
-            self._publisher.set_devices(
-                build_devices(self._inventory, taints=self.machine.taints())
-            )
+            self._publish()
         for (transition, repeats), span in zip(coalesced, spans, strict=True):
             with trace.use_span(span, end_on_exit=True):
                 self._report(transition, repeats)

@@ -14,6 +14,11 @@ active fault on a GPU (or on one MIG device of it), with the rule that clears it
 Repeats of an active condition only refresh it, so a storm of thousands of identical XIDs is one
 transition. MIG devices follow their parent GPU: GPU-wide conditions taint every device of the
 GPU; an XID that names a MIG device and needs no reset taints only that device.
+
+With ``--dynamic-mig`` a partitionable GPU's devices are its full GPU and every MIG placement,
+created or not, all sharing its counters: a GPU-wide condition taints every one of them, and
+an XID of a MIG instance taints the placement device the instance occupies (its GPU-instance id
+is mapped to the placement by the monitor, from the live MIG layout: :meth:`learn_instances`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Literal
 
 from agent.dra.model import DeviceTaint, TaintEffect
 from agent.dra.names import device_sort_key, gpu_device_name, mig_device_name
+from agent.dra.partitionable import DynamicMig, instance_name, partition
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory
 from agent.health.policy import (
@@ -70,12 +76,33 @@ class GpuDevices:
     index: int
     names: tuple[str, ...]
     mig: Mapping[tuple[int, int], str]
+    #: ``--dynamic-mig``: the GPU's MIG devices are placements whose instances come and go, so
+    #: (GI id, CI id) is looked up in the live layout (:meth:`HealthStateMachine.learn_instances`).
+    partitionable: bool = False
+    minor: int = -1
 
 
-def device_map(inventory: Inventory) -> dict[str, GpuDevices]:
-    """GPU UUID -> its devices, named exactly as :func:`agent.dra.build_devices` names them."""
+def device_map(
+    inventory: Inventory, dynamic_mig: DynamicMig | None = None
+) -> dict[str, GpuDevices]:
+    """GPU UUID -> its devices, named exactly as :func:`agent.dra.build_devices` names them
+    (with the same ``dynamic_mig`` settings)."""
     gpus: dict[str, GpuDevices] = {}
     for gpu in inventory.gpus:
+        split = (
+            None
+            if dynamic_mig is None
+            else partition(gpu, owned=dynamic_mig.owned, adopt=dynamic_mig.adopt)
+        )
+        if split is not None:
+            static = {
+                (m.gpu_instance_id, m.compute_instance_id): instance_name(gpu, m)
+                for m in split.static.values()
+            }
+            gpus[gpu.uuid] = GpuDevices(
+                gpu.uuid, gpu.index, split.device_names, static, True, gpu.minor
+            )
+            continue
         mig = {
             (m.gpu_instance_id, m.compute_instance_id): mig_device_name(
                 gpu.minor, m.profile.name, m.profile.profile_id, m.placement.start
@@ -152,6 +179,17 @@ class HealthStateMachine:
     @property
     def conditions(self) -> tuple[Condition, ...]:
         return tuple(self._conditions.values())
+
+    def learn_instances(self, uuid: str, live: Mapping[tuple[int, int], str]) -> None:
+        """The MIG instances now on partitionable GPU ``uuid``: (GI id, CI id) -> the device
+        name of the placement each occupies. Names the GPU does not publish are ignored."""
+        gpu = self.gpus.get(uuid)
+        if gpu is None:
+            return
+        known = set(gpu.names)
+        self.gpus[uuid] = replace(
+            gpu, mig={key: name for key, name in live.items() if name in known}
+        )
 
     # -- inputs ----------------------------------------------------------------------------
 

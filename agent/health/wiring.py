@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from agent.dra.partitionable import DynamicMig
 from agent.hardware.events import WatchedGpu
 from agent.hardware.inventory import Inventory
 from agent.hardware.nvml import Nvml
@@ -41,8 +42,10 @@ def build_health(
     publisher: DevicePublisher,
     events: EventPoster,
     driver_name: str = "gpu.nvidia.com",
+    dynamic_mig: DynamicMig | None = None,
 ) -> HealthParts:
-    """The health monitor (run it in the task group) and the service for the DRA socket."""
+    """The health monitor (run it in the task group) and the service for the DRA socket.
+    ``dynamic_mig``: the settings the published devices were built with (``--dynamic-mig``)."""
     hub = MeasuredHub(driver_name)
     pump = CountingPump([WatchedGpu(g.index, g.uuid) for g in inventory.gpus])
     monitor = HealthMonitor(
@@ -53,6 +56,7 @@ def build_health(
         hub=hub,
         events=events,
         pump=pump,
+        dynamic_mig=dynamic_mig,
     )
     service = HealthStreamService(
         hub,

@@ -30,8 +30,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from agent.dra.model import DraDevice
-from agent.dra.slices import build_slices, layout, slice_differences
+from agent.dra.model import CounterSet, DraDevice
+from agent.dra.slices import SliceLayout, build_slices, pool_layout, slice_differences
 from agent.kube.backoff import Backoff, is_transient, retry_after
 from agent.kube.dropped import describe, probable_gates
 from agent.kube.nodewatch import NodeWatcher
@@ -72,6 +72,8 @@ class SlicePublisher:
     of the same burst; ``event_window`` the same for watch events (a wipe's deletions arrive
     together, so it is short). ``resync_interval`` is the slow periodic re-list; failed passes
     are retried after ``retry_initial`` doubling up to ``retry_max`` seconds, jittered.
+    ``slice_layout`` places counter sets (``--dynamic-mig``): ``combined`` for a 1.34 API
+    server, ``split`` for 1.35+ (:mod:`agent.dra.slices`).
     """
 
     def __init__(
@@ -88,9 +90,12 @@ class SlicePublisher:
         retry_initial: float = 0.05,
         retry_max: float = 4.0,
         watch_timeout: int = 240,
+        slice_layout: SliceLayout = "split",
     ) -> None:
-        build_slices((), node_name=node_name, driver_name=driver_name)  # validates the names
+        # validates the names and the layout
+        build_slices((), node_name=node_name, driver_name=driver_name, slice_layout=slice_layout)
         self.node_name = node_name
+        self.slice_layout: SliceLayout = slice_layout
         self.driver_name = driver_name
         self.field_selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
         self.stats = PublisherStats()
@@ -118,6 +123,7 @@ class SlicePublisher:
             backoff=Backoff(initial=retry_initial, maximum=retry_max),
         )
         self._devices: tuple[DraDevice, ...] | None = None
+        self._counter_sets: tuple[CounterSet, ...] = ()
         self._dirty = False
         self._wake: anyio.Event | None = None
         self._converged = False
@@ -129,15 +135,19 @@ class SlicePublisher:
 
     # -- public API ------------------------------------------------------------------------
 
-    def set_devices(self, devices: Sequence[DraDevice]) -> None:
-        """Publish ``devices`` from now on (replacing the previous set).
+    def set_devices(
+        self, devices: Sequence[DraDevice], counter_sets: Sequence[CounterSet] = ()
+    ) -> None:
+        """Publish ``devices`` and the ``counter_sets`` they consume from now on (replacing
+        the previous ones).
 
-        Validates at once (duplicate names raise :class:`agent.dra.DuplicateDeviceError`);
-        the writes happen in :meth:`run`, merged with other calls of the same burst.
+        Validates at once (duplicate names raise :class:`agent.dra.DuplicateDeviceError`, a
+        layout beyond the API's limits :class:`agent.dra.LimitExceededError`); the writes
+        happen in :meth:`run`, merged with other calls of the same burst.
         """
-        chosen = tuple(devices)
-        layout(chosen)
-        self._devices = chosen
+        chosen, sets = tuple(devices), tuple(counter_sets)
+        pool_layout(chosen, sets, self.slice_layout)
+        self._devices, self._counter_sets = chosen, sets
         self._causes = link_to([*self._causes, *current_causes()])[-32:]
         self._trigger(self._coalesce_window)
 
@@ -240,7 +250,12 @@ class SlicePublisher:
         if self._node_uid is None:
             self._node_uid = await self._api.read_node_uid(self.node_name)
         desired = build_slices(
-            devices, node_name=self.node_name, driver_name=self.driver_name, node_uid=self._node_uid
+            devices,
+            node_name=self.node_name,
+            driver_name=self.driver_name,
+            node_uid=self._node_uid,
+            counter_sets=self._counter_sets,
+            slice_layout=self.slice_layout,
         )
         plan = plan_pool(
             desired,
