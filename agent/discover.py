@@ -2,7 +2,9 @@
 
 ``gpu-dra-agent discover`` runs the agent's own discovery (real NVML, or a simulated host
 beneath the real pynvml bindings) and the pure DRA model, and prints the result; it changes
-nothing and needs no cluster.
+nothing and needs no cluster. With ``--dynamic-mig`` it shows what ``run --dynamic-mig``
+publishes: every MIG placement of a partitionable GPU as a device, with the counter sets they
+share (table), and the slices in the layout ``--slice-layout`` names (yaml, json).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ import yaml
 from agent.dra import build_device_set, build_slices
 from agent.dra.devices import DeviceSet
 from agent.dra.model import DraDevice
+from agent.dra.names import parse_mig_device_name
+from agent.dra.partitionable import MEMORY_COUNTER, DynamicMig
+from agent.dra.quantity import format_quantity
+from agent.dra.slices import SLICE_LAYOUTS
 from agent.hardware.inventory import Gpu, Inventory
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
@@ -56,6 +62,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="where the host's /sys and /proc are mounted (default: /)",
     )
     parser.add_argument(
+        "--dynamic-mig",
+        action="store_true",
+        default=_env_flag("GPU_DRA_DYNAMIC_MIG"),
+        help="show what `run --dynamic-mig` publishes: every MIG placement of a "
+        "partitionable GPU as a device sharing the GPU's counters [env GPU_DRA_DYNAMIC_MIG]",
+    )
+    parser.add_argument(
+        "--adopt-mig-instances",
+        action="store_true",
+        default=_env_flag("GPU_DRA_ADOPT_MIG_INSTANCES"),
+        help="with --dynamic-mig: treat existing MIG instances as the agent's (their slices "
+        "are offered) [env GPU_DRA_ADOPT_MIG_INSTANCES]",
+    )
+    parser.add_argument(
+        "--slice-layout",
+        choices=SLICE_LAYOUTS,
+        default="split",
+        help="with --dynamic-mig: combined (Kubernetes 1.34: counters and devices in one slice "
+        "per GPU) or split (1.35+: counters-only slices, then device slices; default)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         choices=["table", "yaml", "json"],
@@ -73,9 +100,18 @@ async def run(args: argparse.Namespace) -> int:
             inventory = await discover_host(args.simulate, Path(root))
     else:
         inventory = await discover_host(None, args.host_root)
-    device_set = build_device_set(inventory)
+    dynamic = None
+    if args.dynamic_mig:
+        dynamic = DynamicMig(adopt=args.adopt_mig_instances)
+    device_set = build_device_set(inventory, dynamic_mig=dynamic)
     slices = name_for_preview(
-        build_slices(device_set.devices, node_name=args.node_name, driver_name=args.driver_name)
+        build_slices(
+            device_set.devices,
+            node_name=args.node_name,
+            driver_name=args.driver_name,
+            counter_sets=device_set.counter_sets,
+            slice_layout=args.slice_layout,
+        )
     )
     out = sys.stdout
     if args.output == "yaml":
@@ -85,6 +121,10 @@ async def run(args: argparse.Namespace) -> int:
     else:
         out.write(render_table(inventory, device_set, slices, args.node_name))
     return 0
+
+
+def _env_flag(name: str) -> bool:
+    return (os.environ.get(name) or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def name_for_preview(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -137,8 +177,20 @@ def _row(device: DraDevice, gpu: Gpu | None) -> list[str]:
     kind = attr("type")
     if kind == "mig":
         mig = attr("profile")
+        parsed = parse_mig_device_name(device.name)
+        if device.consumes_counters and parsed is not None:
+            used = sorted(
+                int(name.rsplit("-", 1)[1])
+                for entry in device.consumes_counters
+                for name in entry.counters
+                if name.startswith("memory-slice-")
+            )
+            where = f"s {used[0]}-{used[-1]}" if len(used) > 1 else f" {used[0]}"
+            mig += f" @{parsed[3]}, slice{where}, made on prepare"
     elif gpu is not None:
         mig = _mig_state(gpu)
+        if device.consumes_counters:
+            mig += ", partitionable"
     else:
         mig = "-"
     peers = attr("nvlinkPeerCount")
@@ -189,15 +241,42 @@ def render_table(
         lines.append(
             f"warning: {name} has MIG enabled but no MIG devices: its capacity is not offered\n"
         )
+    for counter_set in device_set.counter_sets:
+        counters = dict(counter_set.counters)
+        memory_slices = [name for name in counters if name.startswith("memory-slice-")]
+        free = sum(1 for name in memory_slices if counters[name])
+        engines = ", ".join(
+            f"{name} {counters[name]}"
+            for name in counters
+            if name != MEMORY_COUNTER and not name.startswith("memory-slice-")
+        )
+        memory = format_quantity(int(counters.get(MEMORY_COUNTER, 0)))
+        lines.append(
+            f"counter set {counter_set.name}: {engines}, memory {memory}, "
+            f"{free} of {len(memory_slices)} memory slices free\n"
+        )
+    if device_set.held_back:
+        per_gpu: dict[str, list[str]] = {}
+        for reason in device_set.held_back:
+            per_gpu.setdefault(reason.split("-mig-")[0], []).append(reason)
+        for gpu_name, reasons in per_gpu.items():
+            lines.append(
+                f"note: {gpu_name}: {len(reasons)} MIG placement(s) not offered, static MIG "
+                f"instances hold their slices (e.g. {reasons[0]}); --adopt-mig-instances "
+                "lets the agent reuse them\n"
+            )
     for dropped in device_set.dropped:
         lines.append(
             f"warning: {dropped.device}: attribute {dropped.attribute} not published: {dropped.reason}\n"
         )
     for s in slices:
         spec = s["spec"]
+        sets = spec.get("sharedCounters") or []
+        shared = f", {len(sets)} counter set(s)" if sets else ""
         lines.append(
             f"ResourceSlice {s['metadata']['generateName']}*: driver {spec['driver']}, pool "
             f"{spec['pool']['name']} (generation {spec['pool']['generation']}, "
-            f"{spec['pool']['resourceSliceCount']} slice(s)), {len(spec['devices'])} device(s)\n"
+            f"{spec['pool']['resourceSliceCount']} slice(s)), "
+            f"{len(spec.get('devices') or [])} device(s){shared}\n"
         )
     return "".join(lines)
