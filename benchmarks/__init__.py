@@ -18,6 +18,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.bench_prepare",
     "benchmarks.bench_prepare_tracing",
     "benchmarks.bench_health",
+    "benchmarks.bench_mig",
 )
 
 

@@ -86,8 +86,11 @@ def _handle(parent_uuid: str) -> Any:
     )
 
 
-def read_layout(parent_uuid: str) -> MigLayout:
-    """The GPU's MIG mode and every GPU instance with its compute instances (blocking)."""
+def read_layout(parent_uuid: str, *, with_uuids: bool = True) -> MigLayout:
+    """The GPU's MIG mode and every GPU instance with its compute instances (blocking).
+
+    ``with_uuids=False`` skips the walk of the MIG device handles (the compute instances'
+    ``mig_uuid`` is then empty): what a caller needs to find or count instances."""
     where = f"GPU {parent_uuid}"
     device = _handle(parent_uuid)
     mode = _call("DeviceGetMigMode", pynvml.nvmlDeviceGetMigMode, where, device)
@@ -100,7 +103,7 @@ def read_layout(parent_uuid: str) -> MigLayout:
             profile_ids.add(int(pynvml.nvmlDeviceGetGpuInstanceProfileInfo(device, enum).id))
         except pynvml.NVMLError:
             continue  # a profile this GPU does not offer
-    mig_uuids = _mig_uuids(device)
+    mig_uuids = _mig_uuids(device) if with_uuids else {}
     found: list[LiveGpuInstance] = []
     for profile_id in sorted(profile_ids):
         array = (pynvml.c_nvmlGpuInstance_t * 8)()

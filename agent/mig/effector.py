@@ -46,15 +46,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import anyio
 from opentelemetry import trace
 
 from agent.dra.partitionable import MigSlot, is_partitionable, mode_change_without_reset
+from agent.hardware import mig_ops
 from agent.hardware.errors import NvmlCallFailed
 from agent.hardware.hostfiles import HostFiles
 from agent.hardware.inventory import Gpu, Inventory
@@ -74,6 +76,18 @@ NAME = "mig"
 IN_USE = 19
 BUSY_BACKOFF_START_S = 0.05
 BUSY_BACKOFF_MAX_S = 1.0
+
+
+_T = TypeVar("_T")
+
+
+class _HalfMade(Exception):
+    """The GPU instance was made, its compute instance was not."""
+
+    def __init__(self, gi_id: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.gi_id = gi_id
+        self.cause = cause
 
 
 class InstanceBusy(EffectFailed):
@@ -160,6 +174,9 @@ class MigEffector:
                 group.start_soon(self._apply_gpu, uid, parent, items, made, created, errors)
         if errors:
             leftover = await self._destroy_made(uid, created)
+            for parent in by_gpu:  # MIG mode may have gone on for nothing
+                async with self._lock(parent):
+                    await self._mode_off_if_idle(parent)
             raise EffectFailed("; ".join(errors), leftover)
         return tuple(made.get(d.device, d) for d in devices)
 
@@ -173,14 +190,14 @@ class MigEffector:
 
         async def one_gpu(parent: str, items: list[cp.Intent]) -> None:
             async with self._lock(parent):
-                for intent in items:
+                for index, intent in enumerate(items):
                     mig = live.get(intent.device)
+                    last = index == len(items) - 1
                     try:
-                        await self._destroy(uid, intent, mig.gi_id if mig else None)
+                        await self._destroy(uid, intent, mig.gi_id if mig else None, mode_off=last)
                     except EffectFailed as error:
                         leftover.append(intent)
                         errors.append(str(error))
-                await self._mode_off_if_idle(parent)
 
         async with anyio.create_task_group() as group:
             for parent, items in by_gpu.items():
@@ -318,28 +335,32 @@ class MigEffector:
                         f"({gpu.uuid}) is off, and an {gpu.architecture} GPU needs a reset to "
                         "turn it on; enable MIG mode (nvidia-smi -mig 1) and reset the GPU"
                     )
-                span.add_event("mig.mode.on")
-                await self._ops.set_mig_mode(gpu.uuid, True)
-            gi_id = await self._ops.create_gpu_instance(
-                gpu.uuid, slot.profile.profile_id, start, size
-            )
-            made = _Made(intent, gi_id)
-            created.append(made)
+                span.set_attribute("mig.mode", "on")
+            try:  # one trip to the NVML thread for the whole sequence
+                gi_id, ci_id, mig_uuid, minors = await self._ops.run(
+                    self._make,
+                    gpu.uuid,
+                    gpu.minor,
+                    not enabled,
+                    slot.profile.profile_id,
+                    start,
+                    size,
+                    intent.integer("computeProfile"),
+                )
+            except _HalfMade as half:
+                created.append(_Made(intent, half.gi_id))
+                self._owners[(gpu.uuid, half.gi_id)] = uid
+                span.set_attribute("mig.gpu_instance.id", half.gi_id)
+                raise EffectFailed(f"claim {uid}: device {node.name}: {half.cause}") from half
+            created.append(_Made(intent, gi_id, ci_id))
             self._owners[(gpu.uuid, gi_id)] = uid
             span.set_attribute("mig.gpu_instance.id", gi_id)
-            crash_point("after-gpu-instance")
-            ci_id, mig_uuid = await self._ops.create_compute_instance(
-                gpu.uuid, gi_id, intent.integer("computeProfile")
-            )
-            made.ci_id = ci_id
             span.set_attribute("mig.compute_instance.id", ci_id)
-            crash_point("after-compute-instance")
             if not mig_uuid.startswith("MIG-"):
                 raise EffectFailed(
                     f"claim {uid}: device {node.name}: NVML gave no MIG UUID for GPU "
                     f"instance {gi_id} compute instance {ci_id} of GPU {gpu.uuid}"
                 )
-            minors = await anyio.to_thread.run_sync(self._cap_minors, gpu.minor, gi_id, ci_id)
             if self._caps_major is None or minors is None:
                 raise EffectFailed(
                     f"claim {uid}: device {node.name}: no nvidia-caps major in /proc/devices or "
@@ -349,6 +370,29 @@ class MigEffector:
         mig = cp.MigInstance(gpu.uuid, gi_id, ci_id, self._caps_major, *minors)
         live = LiveGpuInstance(gi_id, slot.profile.profile_id, start, size)
         return replace(device, uuid=mig_uuid, mig=mig), live
+
+    def _make(
+        self,
+        parent: str,
+        gpu_minor: int,
+        mode_on: bool,
+        profile_id: int,
+        start: int,
+        size: int,
+        compute_profile: int,
+    ) -> tuple[int, int, str, tuple[int, int] | None]:
+        """In the NVML thread: MIG mode on if asked, the GPU instance at (start, size), its
+        compute instance; returns their ids, the MIG UUID and the capability minors."""
+        if mode_on:
+            mig_ops.set_mig_mode(parent, True)
+        gi_id = mig_ops.create_gpu_instance(parent, profile_id, start, size)
+        crash_point("after-gpu-instance")
+        try:
+            ci_id, mig_uuid = mig_ops.create_compute_instance(parent, gi_id, compute_profile)
+        except Exception as error:
+            raise _HalfMade(gi_id, error) from error
+        crash_point("after-compute-instance")
+        return gi_id, ci_id, mig_uuid, self._cap_minors(gpu_minor, gi_id, ci_id)
 
     def _cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int] | None:
         gi = self._host.mig_capability_minor(gpu_minor, gi_id)
@@ -366,76 +410,121 @@ class MigEffector:
                 except EffectFailed as error:
                     log.warning("%s", error)
                     leftover.append(made.intent)
-                await self._mode_off_if_idle(parent)
         return tuple(leftover)
 
     # -- destroy --------------------------------------------------------------------------
 
-    async def _destroy(self, uid: str, intent: cp.Intent, gi_id: int | None) -> None:
-        """Destroy the instance ``intent`` names (the caller holds the GPU's lock)."""
+    async def _destroy(
+        self, uid: str, intent: cp.Intent, gi_id: int | None, *, mode_off: bool = False
+    ) -> None:
+        """Destroy the instance ``intent`` names (the caller holds the GPU's lock); with
+        ``mode_off``, MIG mode goes off too when no instance is left on a GPU that allows it."""
         parent = intent.string("parentUUID")
         gpu = self._gpus.get(parent)
+        mode_off = (
+            mode_off
+            and self._mode_off_when_idle
+            and gpu is not None
+            and mode_change_without_reset(gpu)
+        )
         with self._reconfigure("destroy", gpu, intent, parent=parent) as span:
-            try:
-                layout = await self._ops.read_layout(parent)
-            except Exception as error:
-                raise EffectFailed(
-                    f"claim {uid}: cannot read the MIG layout of GPU {parent} to destroy "
-                    f"{intent.device}: {error}"
-                ) from error
-            start, profile_id = intent.integer("start"), intent.integer("profileID")
-            found = [
+            outcome, found, cis, switched = await self._retry_busy(
+                uid,
+                intent,
+                self._unmake,
+                uid,
+                parent,
+                intent.integer("start"),
+                intent.integer("profileID"),
+                gi_id,
+                mode_off,
+            )
+            if found is not None:
+                span.set_attribute("mig.gpu_instance.id", found)
+                self._owners.pop((parent, found), None)
+            if cis:
+                span.set_attribute("mig.compute_instance.id", cis[0])
+            if outcome != "destroyed":
+                span.set_attribute("mig.outcome", outcome)
+            if switched:
+                span.set_attribute("mig.mode", "off")
+                add(MIG_RECONFIGURATIONS, 1, operation="mode", outcome="success")
+
+    def _unmake(
+        self,
+        uid: str,
+        parent: str,
+        start: int,
+        profile_id: int,
+        gi_id: int | None,
+        mode_off: bool,
+    ) -> tuple[str, int | None, list[int], bool]:
+        """In the NVML thread: find the instance by placement (and id, when recorded), destroy
+        its compute instances and itself, MIG mode off if asked and nothing is left. Returns
+        the outcome, the GI id, the CI ids and whether MIG mode went off. Idempotent: a
+        retry after IN_USE starts over from what is left."""
+        layout = mig_ops.read_layout(parent, with_uuids=False)
+        found = next(
+            (
                 gi
                 for gi in layout.instances
                 if gi.start == start
                 and gi.profile_id == profile_id
                 and (gi_id is None or gi.id == gi_id)
-            ]
-            owner = self._owners.get((parent, found[0].id)) if found else None
-            if not found or (owner is not None and owner != uid):
-                span.set_attribute("mig.outcome", "already-gone")
-                return
-            gi = found[0]
-            span.set_attribute("mig.gpu_instance.id", gi.id)
-            for ci in gi.compute_instances:
-                span.set_attribute("mig.compute_instance.id", ci.id)
-                await self._retry_busy(
-                    uid, intent, gi.id, self._ops.destroy_compute_instance, parent, gi.id, ci.id
-                )
-            await self._retry_busy(
-                uid, intent, gi.id, self._ops.destroy_gpu_instance, parent, gi.id
-            )
-            self._owners.pop((parent, gi.id), None)
+            ),
+            None,
+        )
+        owner = self._owners.get((parent, found.id)) if found is not None else None
+        outcome = "already-gone"
+        remaining = list(layout.instances)
+        cis: list[int] = []
+        if found is not None and (owner is None or owner == uid):
+            for ci in found.compute_instances:
+                mig_ops.destroy_compute_instance(parent, found.id, ci.id)
+                cis.append(ci.id)
+            mig_ops.destroy_gpu_instance(parent, found.id)
+            remaining = [gi for gi in remaining if gi.id != found.id]
+            outcome = "destroyed"
+        elif found is not None:
+            outcome = "owned-by-another-claim"
+        switched = False
+        if mode_off and layout.mig_enabled and not remaining:
+            mig_ops.set_mig_mode(parent, False)
+            switched = True
+        destroyed = found.id if found is not None and outcome == "destroyed" else None
+        return outcome, destroyed, cis, switched
 
     async def _retry_busy(
         self,
         uid: str,
         intent: cp.Intent,
-        gi_id: int,
-        call: Callable[..., Awaitable[object]],
+        call: Callable[..., _T],
         *args: object,
-    ) -> None:
-        """``call(*args)``; an instance in use is retried with backoff, then a retryable error."""
+    ) -> _T:
+        """``call(*args)`` in the NVML thread; an instance in use (NVML IN_USE) is retried
+        with backoff for ``busy_timeout_s``, then a retryable error; other NVML errors fail."""
         deadline = time.monotonic() + self._busy_timeout_s
         delay = BUSY_BACKOFF_START_S
         while True:
             try:
-                await call(*args)
-                return
+                return await self._ops.run(call, *args)
             except NvmlCallFailed as error:
                 if error.code != IN_USE:
                     raise EffectFailed(
-                        f"claim {uid}: cannot destroy {intent.device} (GPU instance {gi_id}): "
-                        f"{error}"
+                        f"claim {uid}: cannot destroy {intent.device}: {error}"
                     ) from error
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise InstanceBusy(
-                        f"claim {uid}: {intent.device} (GPU instance {gi_id} of GPU "
-                        f"{intent.string('parentUUID')}) is still in use by a process after "
-                        f"{self._busy_timeout_s:g} s of retries (NVML IN_USE); the kubelet "
-                        "retries the unprepare, stop the process to let it finish"
+                        f"claim {uid}: {intent.device} (GPU {intent.string('parentUUID')}) is "
+                        f"still in use by a process after {self._busy_timeout_s:g} s of retries "
+                        "(NVML IN_USE); the kubelet retries the unprepare, stop the process to "
+                        "let it finish"
                     ) from error
+            except Exception as error:  # a layout read failed, or a bug: this claim only
+                raise EffectFailed(
+                    f"claim {uid}: cannot destroy {intent.device}: {error}"
+                ) from error
             await anyio.sleep(min(delay, remaining))
             delay = min(delay * 2, BUSY_BACKOFF_MAX_S)
 

@@ -74,6 +74,9 @@ class SimulatedNvmlLibrary:
         self.state = HostState(profile)
         self.init_count = 0
         self.calls: Counter[str] = Counter()
+        #: Seconds spent inside the simulated C functions (their latency, lock and state
+        #: file included): benchmarks subtract it to get the agent's own time.
+        self.seconds_in_calls = 0.0
         self._failures: dict[str, deque[int]] = {}
         self._gpu_failures: dict[tuple[str, int], deque[int]] = {}  # (function, GPU handle)
         self._latency: dict[str | None, float] = {}
@@ -212,6 +215,15 @@ class SimulatedNvmlLibrary:
         return [obj for obj in self.state.handles._objects.values() if isinstance(obj, SimEventSet)]
 
     def _dispatch(self, name: str, impl: CFunctionImpl, args: tuple[Any, ...]) -> Any:
+        started = time.perf_counter()
+        try:
+            return self._call(name, impl, args)
+        finally:
+            elapsed = time.perf_counter() - started
+            with self.lock:
+                self.seconds_in_calls += elapsed
+
+    def _call(self, name: str, impl: CFunctionImpl, args: tuple[Any, ...]) -> Any:
         delay = self._latency.get(name, self._latency.get(None, 0.0))
         if delay:
             time.sleep(delay)

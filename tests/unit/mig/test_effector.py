@@ -340,10 +340,11 @@ async def test_reconfigure_spans_nest_under_the_claim_and_metrics_count(
 
     create = next(s for s in reconfigures if operation(s) == "create")
     destroy = next(s for s in reconfigures if operation(s) == "destroy")
-    modes = [s for s in reconfigures if operation(s) == "mode"]
     assert parent(create).name == "claim.prepare"
     assert parent(destroy).name == "claim.unprepare"
-    assert [parent(m).name for m in modes] == ["claim.unprepare"]  # off when idle
+    assert create.attributes is not None and destroy.attributes is not None
+    assert create.attributes.get("mig.mode") == "on"  # the GPU had MIG mode off
+    assert destroy.attributes.get("mig.mode") == "off"  # its last instance went
     wanted = {
         "gpu.uuid": mig.uuid(0),
         "mig.profile": "3g.40gb",
@@ -365,7 +366,7 @@ async def test_reconfigure_spans_nest_under_the_claim_and_metrics_count(
         "nvml.CreateComputeInstance",
     } <= children
     children = children_of(destroy)
-    assert {"nvml.DestroyComputeInstance", "nvml.DestroyGpuInstance"} <= children
+    assert {"nvml.DestroyComputeInstance", "nvml.DestroyGpuInstance", "nvml.SetMigMode"} <= children
     after = metrics.value("gpu_dra_mig_reconfigurations", operation="create", outcome="success")
     assert after == created + 1
     assert metrics.count("gpu_dra_mig_reconfigure_duration", operation="destroy") == destroyed + 1
