@@ -9,10 +9,11 @@ kubelet emulator and ``gpu-dra-agent sim state`` reading the simulated host's MI
   instance that no completed claim owns, and the kubelet's retry converges to the answer of
   an uninterrupted prepare.
 
-The claims name their devices in ``status.allocation`` (``harness.claim``): the overlapping
-and full-GPU claims are what a scheduler would never write, and the slices this agent
-publishes with ``--dynamic-mig`` are the publishing half's (issue 13); the allocator is not
-needed to exercise the prepare half.
+The claims ask for a MIG profile and the allocator places them on the partitionable devices
+the agent publishes, shared counters included, as kube-scheduler would (two 3g.40gb claims
+on one GPU land on placements 0 and 4). Only the overlapping and full-GPU claims name their
+devices (``harness.claim``): the counters make the scheduler refuse them, and the agent must
+refuse them too when a broken scheduler or a stale copy writes them.
 """
 
 from __future__ import annotations
@@ -26,13 +27,26 @@ import pytest
 
 from agent.node.crash import ENV_VAR, EXIT_STATUS, MIG_CRASH_POINTS
 from agent.sim.kubelet import DraCallError
-from tests.integration.conftest import AgentHarness
+from tests.integration.conftest import AgentHarness, allocated_devices, gpu_request
 
 pytestmark = pytest.mark.anyio
 DYNAMIC = ("--dynamic-mig", "true")
 LEFT = "gpu-0-mig-3g40gb-9-0"
 RIGHT = "gpu-0-mig-3g40gb-9-4"
 OVERLAP = "gpu-0-mig-2g20gb-14-2"
+
+
+def mig_request(profile: str, *, gpu_uuid: str | None = None) -> dict[str, Any]:
+    """One MIG device of ``profile`` (on the GPU with ``gpu_uuid``), as a user asks for it."""
+    selectors = [f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"]
+    if gpu_uuid is not None:
+        selectors.append(f"device.attributes['gpu.nvidia.com'].parentUUID == '{gpu_uuid}'")
+    return gpu_request("mig", selectors=selectors, device_class="mig.nvidia.com")
+
+
+def placement(device: str) -> tuple[int, int]:
+    """(GPU minor, placement start) of a ``gpu-<minor>-mig-<profile>-<gi>-<start>`` device."""
+    return int(device.split("-")[1]), int(device.rsplit("-", 1)[1])
 
 
 async def sim_state(harness: AgentHarness) -> dict[str, Any]:
@@ -62,8 +76,11 @@ def mig_mode(state: dict[str, Any], minor: int) -> int:
 async def test_two_placements_concurrently_and_clear_errors(fresh_harness: AgentHarness) -> None:
     harness = fresh_harness
     await harness.start_agent(args=DYNAMIC)
-    left = await harness.claim([LEFT], name="left")
-    right = await harness.claim([RIGHT], name="right")
+    gpu0 = await harness.device_attribute("gpu-0", "uuid")
+    left, first = await harness.allocate(mig_request("3g.40gb", gpu_uuid=gpu0), name="left")
+    right, second = await harness.allocate(mig_request("3g.40gb", gpu_uuid=gpu0), name="right")
+    # the counters leave exactly the two halves of GPU 0 for two 3g.40gb claims
+    assert (allocated_devices(first), allocated_devices(second)) == ([LEFT], [RIGHT])
     answers: dict[str, Any] = {}
 
     async def prepare(ref: Any) -> None:
@@ -86,6 +103,7 @@ async def test_two_placements_concurrently_and_clear_errors(fresh_harness: Agent
     assert paths[0] == "/dev/nvidia0" and len(paths) == 3
     assert all(p.startswith("/dev/nvidia-caps/nvidia-cap") for p in paths[1:])
 
+    # named on purpose: both overlap the prepared placements, so no scheduler would write them
     overlap = await harness.claim([OVERLAP], name="overlap")
     error = (await harness.prepare(overlap))[overlap.uid].error
     assert f"default/left ({left.uid})" in error and "placement overlaps" in error
@@ -103,39 +121,44 @@ async def test_two_placements_concurrently_and_clear_errors(fresh_harness: Agent
     assert await harness.stop_agent() == 0
 
 
-async def _crash_then_restart(harness: AgentHarness, point: str, ref: Any) -> None:
+async def _crash_then_restart(harness: AgentHarness, point: str) -> tuple[Any, str]:
+    """Start the agent set to die at ``point``, allocate a 3g.40gb claim, let the prepare
+    kill it, restart it; returns the claim and its allocated device."""
     agent = await harness.start_agent({ENV_VAR: point}, args=DYNAMIC)
+    ref, claim = await harness.allocate(mig_request("3g.40gb"), name=f"crash-{point}")
     with pytest.raises(DraCallError):
         await harness.prepare(ref)
     assert await agent.wait() == EXIT_STATUS, agent.log()
     await harness.start_agent(args=DYNAMIC)
+    [device] = allocated_devices(claim)
+    return ref, device
 
 
 @pytest.mark.parametrize("point", [*MIG_CRASH_POINTS, "after-prepare-completed"])
 async def test_kill_during_a_mig_prepare(fresh_harness: AgentHarness, point: str) -> None:
     harness = fresh_harness
-    ref = await harness.claim([RIGHT], name=f"crash-{point}")
-    await _crash_then_restart(harness, point, ref)
+    ref, device = await _crash_then_restart(harness, point)
+    minor, start = placement(device)
     state = await sim_state(harness)
     completed = point == "after-prepare-completed"
     if completed:  # the claim is prepared: its instance is owned, nothing else exists
-        assert [(p, s) for p, s, _, _ in instances(state, 0)] == [("3g.40gb", 4)]
+        assert [(p, s) for p, s, _, _ in instances(state, minor)] == [("3g.40gb", start)]
     else:  # rolled back at startup: no leaked instance, MIG mode off again
-        assert instances(state, 0) == [] and mig_mode(state, 0) == 0
+        assert instances(state, minor) == [] and mig_mode(state, minor) == 0
     harness.assert_consistent()
 
     result = (await harness.prepare(ref))[ref.uid]  # the kubelet's retry
     assert result.error == ""
-    assert [d.device_name for d in result.devices] == [RIGHT]
-    (made,) = instances(await sim_state(harness), 0)
-    assert made[:3] == ("3g.40gb", 4, 4) and len(made[3]) == 1
+    assert [d.device_name for d in result.devices] == [device]
+    (made,) = instances(await sim_state(harness), minor)
+    assert made[:3] == ("3g.40gb", start, 4) and len(made[3]) == 1
     document = json.loads(harness.cdi_spec_path(ref.uid).read_text())
-    assert document["devices"][0]["name"] == f"{ref.uid}-{RIGHT}"
+    assert document["devices"][0]["name"] == f"{ref.uid}-{device}"
     harness.assert_consistent()
 
     assert (await harness.unprepare(ref))[ref.uid].error == ""
     state = await sim_state(harness)
-    assert instances(state, 0) == [] and mig_mode(state, 0) == 0
+    assert instances(state, minor) == [] and mig_mode(state, minor) == 0
     assert harness.checkpoint_claims() == {}
     assert await harness.stop_agent() == 0
 
@@ -143,13 +166,17 @@ async def test_kill_during_a_mig_prepare(fresh_harness: AgentHarness, point: str
 async def test_sim_state_table_while_the_agent_is_down(fresh_harness: AgentHarness) -> None:
     harness = fresh_harness
     await harness.start_agent(args=DYNAMIC)
-    ref = await harness.claim(["gpu-5-mig-1g10gb-19-6"], name="table")
+    gpu5 = await harness.device_attribute("gpu-5", "uuid")
+    ref, claim = await harness.allocate(mig_request("1g.10gb", gpu_uuid=gpu5), name="table")
+    [device] = allocated_devices(claim)
+    minor, start = placement(device)
+    assert minor == 5
     assert (await harness.prepare(ref))[ref.uid].error == ""
     assert await harness.stop_agent() == 0  # instances outlive the agent, as on hardware
     command = [sys.executable, "-m", "agent", "sim", "state"]
     result = await anyio.run_process([*command, "--plugins-dir", str(harness.plugins_dir)])
     table = result.stdout.decode()
-    assert "1g.10gb" in table and "placement 6+1" in table and "MIG-" in table
+    assert "1g.10gb" in table and f"placement {start}+1" in table and "MIG-" in table
     await harness.start_agent(args=DYNAMIC)
     assert (await harness.unprepare(ref))[ref.uid].error == ""
     assert instances(await sim_state(harness), 5) == []
