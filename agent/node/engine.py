@@ -17,7 +17,7 @@ one claim GET + two durable writes)):
   crash between any two of these writes is safe: startup removes a spec no checkpoint entry
   owns and rolls back started claims (``batch``, ``reconcile``);
 - host facts (MIG capability minors, the common spec) are read at start; NVML is never
-  called on the hot path, and blocking file I/O runs in worker threads (``offload``: the
+  called on the hot path (except by an effector, for devices it makes: ``effectors``), and blocking file I/O runs in worker threads (``offload``: the
   checkpoint has one writer thread, which gets the ``PrepareStarted`` write before the
   claim GET starts; docs/PERFORMANCE.md says what each measure saved).
 
