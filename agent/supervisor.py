@@ -320,17 +320,13 @@ async def _health_policy_for_server(api_client: Any, policy: HealthPolicy) -> He
 
 def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
     """``--dynamic-mig`` publishing settings: the MIG devices whose instance this agent made
-    (a completed claim's device with live ids, or a dynamic MIG intent still recorded) are
-    placements like any other; every other instance found is static (``agent.dra``)."""
+    are placements like any other; every other instance found is static (``agent.dra``).
+    Made by this agent means a MIG intent of the checkpoint names it: the effector records
+    the intent before the instance exists and removes it only once it is gone (a static
+    instance prepared for a claim has live ids in the checkpoint too, but no intent)."""
     from agent.dra.partitionable import DynamicMig
 
     owned = {
-        device.device
-        for claim in checkpoint.claims.values()
-        for device in claim.devices
-        if device.mig is not None
-    }
-    owned |= {
         intent.device
         for claim in checkpoint.claims.values()
         for intent in claim.intents

@@ -529,3 +529,36 @@ def test_counters_only_slices_are_matched_by_their_sets() -> None:
         observed[f"s-{index}"] = copy
     plan = plan_pool(desired, observed, pool_name=NODE)
     assert plan.empty and plan.generation == 3
+
+
+def test_the_agent_owns_the_instances_its_mig_intents_name() -> None:
+    """Startup settings (supervisor): a MIG intent (kept from before the instance until it is
+    gone) marks the agent's instances; a static device prepared with live ids does not."""
+    from types import SimpleNamespace
+
+    from agent.supervisor import _dynamic_mig_settings
+
+    def claim(intents: list[tuple[str, str]], devices: list[str]) -> SimpleNamespace:
+        return SimpleNamespace(
+            intents=[SimpleNamespace(effector=e, device=d) for e, d in intents],
+            devices=[SimpleNamespace(device=d, mig=object()) for d in devices],
+        )
+
+    checkpoint = SimpleNamespace(
+        claims={
+            "a": claim([("mig", "gpu-0-mig-3g40gb-9-4")], ["gpu-0-mig-3g40gb-9-4"]),
+            "b": claim([], ["gpu-1-mig-1g10gb-19-0"]),  # a static instance, prepared
+            "c": claim([("other", "gpu-2")], []),
+        }
+    )
+    settings = _dynamic_mig_settings(checkpoint, adopt=False)
+    assert settings == DynamicMig(owned=frozenset({"gpu-0-mig-3g40gb-9-4"}))
+    assert _dynamic_mig_settings(checkpoint, adopt=True).adopt
+
+
+def test_layout_for_the_api_server_version() -> None:
+    from agent.dra.slices import layout_for_version
+
+    assert layout_for_version((1, 34)) == "combined"
+    assert layout_for_version((1, 35)) == layout_for_version((1, 36)) == "split"
+    assert layout_for_version(None) == "split"
