@@ -135,6 +135,11 @@ def read_layout(parent_uuid: str, *, with_uuids: bool = True) -> MigLayout:
     return MigLayout(parent_uuid, True, tuple(sorted(found, key=lambda gi: gi.start)))
 
 
+def read_instances(parent_uuid: str) -> MigLayout:
+    """``read_layout`` without the MIG UUIDs (no walk of the MIG device handles)."""
+    return read_layout(parent_uuid, with_uuids=False)
+
+
 def _compute_instances(gpu_instance: Any, where: str) -> list[tuple[int, int]]:
     found = []
     for enum in range(pynvml.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
@@ -269,8 +274,8 @@ class MigOps:
             self._limiter = anyio.CapacityLimiter(self._parallel)
         return await self._nvml.run(fn, *args, limiter=self._limiter)
 
-    async def read_layout(self, parent_uuid: str) -> MigLayout:
-        return await self.run(read_layout, parent_uuid)
+    async def read_layout(self, parent_uuid: str, *, with_uuids: bool = True) -> MigLayout:
+        return await self.run(read_layout if with_uuids else read_instances, parent_uuid)
 
     async def set_mig_mode(self, parent_uuid: str, enabled: bool) -> None:
         await self.run(set_mig_mode, parent_uuid, enabled)

@@ -81,6 +81,18 @@ BUSY_BACKOFF_MAX_S = 1.0
 _T = TypeVar("_T")
 
 
+class _Occupied(Exception):
+    """The placement overlaps an existing GPU instance."""
+
+    def __init__(self, instance: LiveGpuInstance) -> None:
+        super().__init__(f"GPU instance {instance.id}")
+        self.instance = instance
+
+
+class _ModeOff(Exception):
+    """MIG mode is off and this GPU cannot switch it without a reset."""
+
+
 class _HalfMade(Exception):
     """The GPU instance was made, its compute instance was not."""
 
@@ -264,12 +276,16 @@ class MigEffector:
         errors: list[str],
     ) -> None:
         async with self._lock(parent):
-            try:
-                layout = await self._ops.read_layout(parent)
-            except Exception as error:  # NVML failed: this claim fails, the agent goes on
-                errors.append(f"claim {uid}: cannot read the MIG layout of GPU {parent}: {error}")
-                return
-            enabled, instances = layout.mig_enabled, list(layout.instances)
+            enabled, instances = True, []
+            if any(self._devices[d.device].slot is None for d in devices):  # a full GPU
+                try:
+                    layout = await self._ops.read_layout(parent, with_uuids=False)
+                except Exception as error:  # NVML failed: this claim fails, the agent goes on
+                    errors.append(
+                        f"claim {uid}: cannot read the MIG layout of GPU {parent}: {error}"
+                    )
+                    return
+                enabled, instances = layout.mig_enabled, list(layout.instances)
             for device in devices:
                 node = self._devices[device.device]
                 try:
@@ -277,9 +293,7 @@ class MigEffector:
                         enabled = await self._whole(uid, node, enabled, instances)
                         continue
                     intent = self._intent(device.device, node.slot)
-                    made[device.device], gi = await self._create(
-                        uid, node, device, intent, enabled, instances, created
-                    )
+                    made[device.device], gi = await self._create(uid, node, device, intent, created)
                     enabled = True
                     instances.append(gi)
                 except EffectFailed as error:
@@ -313,45 +327,42 @@ class MigEffector:
         node: NodeDevice,
         device: cp.PreparedDevice,
         intent: cp.Intent,
-        enabled: bool,
-        instances: list[LiveGpuInstance],
         created: list[_Made],
     ) -> tuple[cp.PreparedDevice, LiveGpuInstance]:
         gpu, slot = node.gpu, node.slot
         assert slot is not None
         start, size = slot.placement.start, slot.placement.size
         with self._reconfigure("create", gpu, intent) as span:
-            for gi in instances:
-                if gi.start < start + size and start < gi.start + gi.size:
-                    raise EffectFailed(
-                        f"claim {uid}: device {node.name} cannot be made: placement "
-                        f"{start}+{size} of GPU {gpu.minor} ({gpu.uuid}) is occupied by "
-                        f"{self._describe_instance(gpu.uuid, gi)}"
-                    )
-            if not enabled:
-                if not mode_change_without_reset(gpu):
-                    raise EffectFailed(
-                        f"claim {uid}: device {node.name}: MIG mode of GPU {gpu.minor} "
-                        f"({gpu.uuid}) is off, and an {gpu.architecture} GPU needs a reset to "
-                        "turn it on; enable MIG mode (nvidia-smi -mig 1) and reset the GPU"
-                    )
-                span.set_attribute("mig.mode", "on")
             try:  # one trip to the NVML thread for the whole sequence
-                gi_id, ci_id, mig_uuid, minors = await self._ops.run(
-                    self._make,
+                gi_id, ci_id, mig_uuid, minors, mode_on = await self._ops.run(
+                    self._make_mig_device,
                     gpu.uuid,
                     gpu.minor,
-                    not enabled,
+                    mode_change_without_reset(gpu),
                     slot.profile.profile_id,
                     start,
                     size,
                     intent.integer("computeProfile"),
                 )
+            except _Occupied as occupied:
+                raise EffectFailed(
+                    f"claim {uid}: device {node.name} cannot be made: placement "
+                    f"{start}+{size} of GPU {gpu.minor} ({gpu.uuid}) is occupied by "
+                    f"{self._describe_instance(gpu.uuid, occupied.instance)}"
+                ) from None
+            except _ModeOff:
+                raise EffectFailed(
+                    f"claim {uid}: device {node.name}: MIG mode of GPU {gpu.minor} "
+                    f"({gpu.uuid}) is off, and an {gpu.architecture} GPU needs a reset to "
+                    "turn it on; enable MIG mode (nvidia-smi -mig 1) and reset the GPU"
+                ) from None
             except _HalfMade as half:
                 created.append(_Made(intent, half.gi_id))
                 self._owners[(gpu.uuid, half.gi_id)] = uid
                 span.set_attribute("mig.gpu_instance.id", half.gi_id)
                 raise EffectFailed(f"claim {uid}: device {node.name}: {half.cause}") from half
+            if mode_on:
+                span.set_attribute("mig.mode", "on")
             created.append(_Made(intent, gi_id, ci_id))
             self._owners[(gpu.uuid, gi_id)] = uid
             span.set_attribute("mig.gpu_instance.id", gi_id)
@@ -371,19 +382,27 @@ class MigEffector:
         live = LiveGpuInstance(gi_id, slot.profile.profile_id, start, size)
         return replace(device, uuid=mig_uuid, mig=mig), live
 
-    def _make(
+    def _make_mig_device(
         self,
         parent: str,
         gpu_minor: int,
-        mode_on: bool,
+        may_switch_mode: bool,
         profile_id: int,
         start: int,
         size: int,
         compute_profile: int,
-    ) -> tuple[int, int, str, tuple[int, int] | None]:
-        """In the NVML thread: MIG mode on if asked, the GPU instance at (start, size), its
-        compute instance; returns their ids, the MIG UUID and the capability minors."""
+    ) -> tuple[int, int, str, tuple[int, int] | None, bool]:
+        """In the NVML thread: check that (start, size) is free, MIG mode on if it is off
+        (``may_switch_mode``), the GPU instance, its compute instance. Returns their ids, the
+        MIG UUID, the capability minors and whether MIG mode was switched on."""
+        layout = mig_ops.read_layout(parent, with_uuids=False)
+        for gi in layout.instances:
+            if gi.start < start + size and start < gi.start + gi.size:
+                raise _Occupied(gi)
+        mode_on = not layout.mig_enabled
         if mode_on:
+            if not may_switch_mode:
+                raise _ModeOff()
             mig_ops.set_mig_mode(parent, True)
         gi_id = mig_ops.create_gpu_instance(parent, profile_id, start, size)
         crash_point("after-gpu-instance")
@@ -392,7 +411,8 @@ class MigEffector:
         except Exception as error:
             raise _HalfMade(gi_id, error) from error
         crash_point("after-compute-instance")
-        return gi_id, ci_id, mig_uuid, self._cap_minors(gpu_minor, gi_id, ci_id)
+        minors = self._cap_minors(gpu_minor, gi_id, ci_id)
+        return gi_id, ci_id, mig_uuid, minors, mode_on
 
     def _cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int] | None:
         gi = self._host.mig_capability_minor(gpu_minor, gi_id)
@@ -431,7 +451,7 @@ class MigEffector:
             outcome, found, cis, switched = await self._retry_busy(
                 uid,
                 intent,
-                self._unmake,
+                self._destroy_mig_device,
                 uid,
                 parent,
                 intent.integer("start"),
@@ -450,7 +470,7 @@ class MigEffector:
                 span.set_attribute("mig.mode", "off")
                 add(MIG_RECONFIGURATIONS, 1, operation="mode", outcome="success")
 
-    def _unmake(
+    def _destroy_mig_device(
         self,
         uid: str,
         parent: str,
