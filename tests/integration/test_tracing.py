@@ -17,7 +17,7 @@ import pytest
 from opentelemetry import trace
 
 from agent.sim.otlp import GrpcOtlpReceiver, HttpOtlpReceiver, ReceivedSpan, SpanSink
-from tests.integration.conftest import NODE, AgentHarness
+from tests.integration.conftest import NODE, AgentHarness, allocated_devices, gpu_request
 
 pytestmark = pytest.mark.anyio
 
@@ -53,8 +53,8 @@ Receiver = Callable[[], AbstractAsyncContextManager[tuple[SpanSink, dict[str, st
 
 async def traced_prepare(
     harness: AgentHarness, sink: SpanSink
-) -> tuple[str, str, list[ReceivedSpan]]:
-    claim = await harness.claim(["gpu-1"])
+) -> tuple[str, str, list[ReceivedSpan], list[str]]:
+    claim, stored = await harness.allocate(gpu_request())
     parent = kubelet_span()
     with trace.use_span(parent):
         result = await harness.prepare(claim)
@@ -66,7 +66,12 @@ async def traced_prepare(
     await harness.unprepare(claim)
     kubelet_span_id = format(parent.get_span_context().span_id, "016x")
     # Children end before the RPC span and leave in order: the RPC span arrives last.
-    return trace_id, kubelet_span_id, [s for s in spans if s.trace_id == trace_id]
+    return (
+        trace_id,
+        kubelet_span_id,
+        [s for s in spans if s.trace_id == trace_id],
+        allocated_devices(stored),
+    )
 
 
 @pytest.mark.parametrize("receiver", [grpc_receiver, http_receiver], ids=["grpc", "http"])
@@ -76,7 +81,7 @@ async def test_prepare_is_one_tree_under_the_kubelets_span(
     async with receiver() as (sink, environ):
         agent = await fresh_harness.start_agent({**environ, **FAST_EXPORT})
         try:
-            trace_id, kubelet_span_id, spans = await traced_prepare(fresh_harness, sink)
+            trace_id, kubelet_span_id, spans, devices = await traced_prepare(fresh_harness, sink)
         finally:
             assert await fresh_harness.stop_agent() == 0, agent.log()
         by_name: dict[str, list[ReceivedSpan]] = {}
@@ -101,7 +106,7 @@ async def test_prepare_is_one_tree_under_the_kubelets_span(
         assert claim.attributes["k8s.namespace.name"] == "default"
         assert claim.attributes["k8s.resourceclaim.name"].startswith("claim-")
         assert claim.attributes["k8s.resourceclaim.uid"]
-        assert claim.attributes["gpu.device.names"] == ["gpu-1"]
+        assert claim.attributes["gpu.device.names"] == devices
         [get] = by_name["resourceclaim.get"]
         assert get.parent_span_id == claim.span_id and get.kind == "client"
         assert get.attributes["http.response.status_code"] == 200
