@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean tools cdi-schema prometheus
+.PHONY: demo test lint proto bench clean tools cdi-schema prometheus image image-tools test-image
 
 # Files the tests take from Debian's packages live in a cache inside the checkout, fetched
 # without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
@@ -45,6 +45,29 @@ $(PROMETHEUS):
 ## test: the whole test suite (fetches what it needs first)
 test: tools $(STAMP) $(CDI_SCHEMA) $(PROMETHEUS)
 	$(BIN)/python -m pytest -q
+
+## image-tools: Debian's mmdebstrap, buildah, podman, runc and uidmap (make image, test-image)
+# Installed with apt-get when running as root and one is missing; otherwise the command is printed.
+IMAGE_TOOLS := mmdebstrap buildah podman runc newuidmap
+IMAGE_PACKAGES := mmdebstrap buildah podman runc uidmap
+image-tools:
+	@missing=; for tool in $(IMAGE_TOOLS); do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ]; then \
+	        echo "image-tools: installing $(IMAGE_PACKAGES) (missing:$$missing)"; \
+	        apt-get update -qq && apt-get install -y -qq --no-install-recommends $(IMAGE_PACKAGES) >/dev/null; \
+	    else \
+	        echo "missing:$$missing (make image, make test-image): sudo apt-get install $(IMAGE_PACKAGES)" >&2; exit 1; \
+	    fi; \
+	fi
+
+## image: the agent's OCI image from deploy/container/Dockerfile, no registry (.cache/image)
+image: image-tools
+	scripts/build_image.sh
+
+## test-image: build the image, run it with podman as the DaemonSet does (pytest -m image)
+test-image: image-tools tools $(STAMP)
+	$(BIN)/python -m pytest -q -m image
 
 ## lint: ruff (lint and format) and mypy --strict
 lint: $(STAMP)
