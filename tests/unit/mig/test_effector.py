@@ -69,13 +69,18 @@ class MigNode:
 
 
 @pytest.fixture
+def profile() -> str:
+    return "dgx-h100"
+
+
+@pytest.fixture
 async def mig(
-    tmp_path: Path, apiserver: EmbeddedApiServer, api_client: Any
+    tmp_path: Path, apiserver: EmbeddedApiServer, api_client: Any, profile: str
 ) -> AsyncIterator[MigNode]:
     root = tmp_path / "host"
-    async with nvml_session("dgx-h100", root) as session:
+    async with nvml_session(profile, root) as session:
         inventory = await discover(session.nvml, root)
-        node = Node(Host("dgx-h100", root, inventory), apiserver, api_client, tmp_path / "node")
+        node = Node(Host(profile, root, inventory), apiserver, api_client, tmp_path / "node")
         try:
             yield MigNode(node, session, MigOps(session.nvml))
         finally:
@@ -370,3 +375,32 @@ async def test_reconfigure_spans_nest_under_the_claim_and_metrics_count(
     after = metrics.value("gpu_dra_mig_reconfigurations", operation="create", outcome="success")
     assert after == created + 1
     assert metrics.count("gpu_dra_mig_reconfigure_duration", operation="destroy") == destroyed + 1
+
+
+@pytest.mark.parametrize("profile", ["dgx-a100"])
+async def test_ampere_with_mig_on_keeps_mig_mode_and_its_static_instances(mig: MigNode) -> None:
+    """dgx-a100 has MIG on and every GPU full of static instances: placements only (no full
+    GPU device), an occupied placement names the static instance, adoption frees them, and
+    MIG mode stays on (an Ampere GPU needs a reset to switch it)."""
+    static = [gi.id for gi in mig.layout(4).instances]
+    assert len(static) == 3
+    engine = await mig.engine()
+    try:
+        whole = await mig.node.claim("whole", ["gpu-4"])
+        error = await prepare(engine, whole)
+        assert error is not None and "do not exist on this node" in error
+        ref = await mig.node.claim("a100", ["gpu-4-mig-3g40gb-9-4"])
+        error = await prepare(engine, ref)
+        assert error is not None and "not made by this agent" in error
+    finally:
+        await engine.close()
+    assert [gi.id for gi in mig.layout(4).instances] == static
+    engine = await mig.engine(adopt_instances=True)  # the operator lets the agent have them
+    try:
+        assert mig.layout(4) == mig_ops.MigLayout(mig.uuid(4), True)
+        assert await prepare(engine, ref) is None
+        assert [(gi.start, gi.size) for gi in mig.layout(4).instances] == [(4, 4)]
+        assert await engine.unprepare([ref]) == {ref.uid: None}
+        assert mig.layout(4) == mig_ops.MigLayout(mig.uuid(4), True)  # mode stays on
+    finally:
+        await engine.close()
