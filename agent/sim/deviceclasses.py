@@ -22,5 +22,24 @@ def _device_class(name: str, kind: str) -> dict[str, Any]:
     }
 
 
+def _channel_class() -> dict[str, Any]:
+    """A ComputeDomain's IMEX channel (``agent.imex``): channel-0 of compute-domain.nvidia.com."""
+    domain = "compute-domain.nvidia.com"
+    expression = (
+        f"device.driver == '{domain}' && device.attributes['{domain}'].type == 'channel' && "
+        f"device.attributes['{domain}'].id == 0"
+    )
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "compute-domain-default-channel.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": expression}}]},
+    }
+
+
 def default_device_classes() -> list[dict[str, Any]]:
-    return [_device_class("gpu.nvidia.com", "gpu"), _device_class("mig.nvidia.com", "mig")]
+    return [
+        _device_class("gpu.nvidia.com", "gpu"),
+        _device_class("mig.nvidia.com", "mig"),
+        _channel_class(),
+    ]

@@ -39,6 +39,7 @@ def test_every_kustomization_is_found_and_builds() -> None:
     names = [str(p.relative_to(KUBERNETES)) for p in kustomizations()]
     assert names == [
         "base",
+        "crds",
         "overlays/bare-metal",
         "overlays/host-driver",
         "overlays/observability",
@@ -95,6 +96,8 @@ def test_every_object_is_valid_for_kubernetes(version: str) -> None:
         "ResourceQuota",
         "ResourceClaimTemplate",
         "Pod",
+        "CustomResourceDefinition",
+        "Deployment",
     }
 
 
@@ -247,11 +250,17 @@ def test_rbac_is_least_privilege() -> None:
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}
     ]
     for kind in ("ClusterRoleBinding", "RoleBinding"):
-        binding = next(o for o in objects if o["kind"] == kind)
+        binding = find(
+            objects,
+            kind,
+            "gpu-dra-agent" if kind == "ClusterRoleBinding" else "gpu-dra-agent-events",
+        )
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "gpu-dra-agent", "namespace": "gpu-dra-agent"}
         ]
-    assert find(objects, "ServiceAccount")["metadata"]["namespace"] == "gpu-dra-agent"
+    assert (
+        find(objects, "ServiceAccount", "gpu-dra-agent")["metadata"]["namespace"] == "gpu-dra-agent"
+    )
     assert find(objects, "DaemonSet")["metadata"]["namespace"] == "gpu-dra-agent"
 
 
@@ -309,3 +318,107 @@ def test_tenant_quota_caps_claims_and_gpus() -> None:
     assert "count/resourceclaims.resource.k8s.io" in hard
     classes = {o["metadata"]["name"] for o in build(PRODUCTION) if o["kind"] == "DeviceClass"}
     assert {f"{c}.deviceclass.resource.k8s.io/devices" for c in classes} <= set(hard)
+
+
+# -- ComputeDomains: CRD, DeviceClass, RBAC, the controller's Deployment -----------------------
+
+
+def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def test_compute_domain_crd_has_the_incumbents_fields_and_a_status_subresource() -> None:
+    crd = find(build(PRODUCTION), "CustomResourceDefinition", "computedomains.resource.nvidia.com")
+    assert find(build(KUBERNETES / "crds"), "CustomResourceDefinition")["spec"] == crd["spec"]
+    spec = crd["spec"]
+    assert (spec["group"], spec["scope"], spec["names"]["kind"]) == (
+        "resource.nvidia.com", "Namespaced", "ComputeDomain",
+    )  # fmt: skip
+    (version,) = spec["versions"]
+    assert version["name"] == "v1beta1" and version["subresources"] == {"status": {}}
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    domain = schema["spec"]["properties"]
+    assert set(domain) == {"numNodes", "channel"}
+    channel = domain["channel"]["properties"]
+    assert channel["allocationMode"]["enum"] == ["Single", "All"]
+    assert channel["allocationMode"]["default"] == "Single"
+    assert set(channel["resourceClaimTemplate"]["properties"]) == {"name"}
+    status = schema["status"]["properties"]
+    assert status["status"]["enum"] == ["Ready", "NotReady"]
+    node = status["nodes"]["items"]["properties"]
+    assert set(node) == {"name", "ipAddress", "cliqueID", "index", "status"}
+    assert status["nodes"]["x-kubernetes-list-map-keys"] == ["name"]
+    assert {"type", "status", "reason", "message"} <= set(
+        status["conditions"]["items"]["properties"]
+    )
+    # the spec is immutable, as the incumbent's CEL rule makes it
+    rule = schema["spec"]["x-kubernetes-validations"][0]["rule"]
+    assert cel.evaluate(rule, {"self": {"numNodes": 2}, "oldSelf": {"numNodes": 2}})
+    assert not cel.evaluate(rule, {"self": {"numNodes": 2}, "oldSelf": {"numNodes": 3}})
+
+
+def test_channel_device_class_selects_channel_0_of_the_compute_domain_driver() -> None:
+    device_class = find(
+        build(PRODUCTION), "DeviceClass", "compute-domain-default-channel.nvidia.com"
+    )
+    expression = device_class["spec"]["selectors"][0]["cel"]["expression"]
+
+    def selects(driver: str, kind: str, channel: int) -> bool:
+        device = {"driver": driver, "attributes": {driver: {"type": kind, "id": channel}}}
+        return bool(cel.evaluate(expression, {"device": device}))
+
+    assert selects("compute-domain.nvidia.com", "channel", 0)
+    assert not selects("compute-domain.nvidia.com", "channel", 1)
+    assert not selects("compute-domain.nvidia.com", "daemon", 0)
+    assert not selects("gpu.nvidia.com", "channel", 0)
+
+
+def test_compute_domain_rbac_for_the_agent_and_the_controller() -> None:
+    objects = build(PRODUCTION)
+    agent = _rules(find(objects, "ClusterRole", "gpu-dra-agent-compute-domains"))
+    assert agent == {
+        *(("resource.nvidia.com", "computedomains", v) for v in ("get", "list", "watch")),
+        *(("resource.nvidia.com", "computedomains/status", v) for v in ("get", "update", "patch")),
+        ("", "events", "create"),
+        ("", "events", "patch"),
+    }  # the agent never writes a domain's spec or metadata
+    controller = _rules(find(objects, "ClusterRole", "gpu-dra-agent-controller"))
+    assert ("resource.nvidia.com", "computedomains", "update") in controller  # its finalizer
+    assert ("resource.k8s.io", "resourceclaimtemplates", "create") in controller
+    assert ("resource.k8s.io", "resourceclaimtemplates", "delete") in controller
+    assert not any(resource in ("nodes", "pods", "secrets") for _, resource, _ in controller)
+    lease = find(objects, "Role", "gpu-dra-agent-controller-leader-election")
+    assert lease["metadata"]["namespace"] == "gpu-dra-agent"
+    assert _rules(lease) == {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+    }
+    for kind, name, account in (
+        ("ClusterRoleBinding", "gpu-dra-agent-compute-domains", "gpu-dra-agent"),
+        ("ClusterRoleBinding", "gpu-dra-agent-controller", "gpu-dra-agent-controller"),
+        ("RoleBinding", "gpu-dra-agent-controller-leader-election", "gpu-dra-agent-controller"),
+    ):
+        binding = find(objects, kind, name)
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": "gpu-dra-agent"}
+        ]
+
+
+def test_controller_deployment_runs_one_leader_elected_replica() -> None:
+    deployment = find(build(PRODUCTION), "Deployment", "gpu-dra-agent-controller")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    pod = spec["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpu-dra-agent-controller"
+    (container,) = pod["containers"]
+    assert container["image"] == "registry.example.com/gpu-dra-agent:0.1.0"
+    assert container["args"][0] == "controller"
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert "privileged" not in container["securityContext"]
+    env = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"]}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
