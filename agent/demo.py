@@ -377,14 +377,11 @@ MIG_REQUEST: dict[str, Any] = {
         ],
     },
 }
-#: Named by hand only while this agent's slices list no dynamic MIG device.
-MIG_FALLBACK_DEVICE = "gpu-0-mig-3g40gb-9-0"
 
 
 async def _dynamic_mig(server: Any, kubelet: Any, node: str, plugins_dir: Path) -> None:
     """A 3g.40gb partition made for a claim, shown in ``sim state``, and torn down."""
     from agent.sim.allocation import ApiAccess, claim_from_request, create_and_allocate_claim
-    from agent.sim.claims import AllocatedDevice, create_allocated_claim
     from agent.sim.kubelet import ClaimRef
 
     say("8. dynamic MIG: a claim for one 3g.40gb partition (the instance does not exist yet)")
@@ -394,23 +391,10 @@ async def _dynamic_mig(server: Any, kubelet: Any, node: str, plugins_dir: Path) 
         for entry in item["spec"].get("devices", [])
         if "-mig-3g40gb-" in entry["name"]
     ]
-    if published:
-        manifest = claim_from_request("mig-partition", MIG_REQUEST, namespace=NAMESPACE)
-        claim = await create_and_allocate_claim(ApiAccess(server.url), manifest, node)
-    else:
-        say(
-            "   (these slices list no dynamic MIG device yet: the claim names "
-            f"{MIG_FALLBACK_DEVICE} itself)"
-        )
-        device = AllocatedDevice(request="mig", device=MIG_FALLBACK_DEVICE, pool=node)
-        claim = await create_allocated_claim(
-            server.url,
-            "mig-partition",
-            [device],
-            namespace=NAMESPACE,
-            node_name=node,
-            device_class_name="mig.nvidia.com",
-        )
+    if not published:
+        raise DemoFailed("the agent's ResourceSlices list no 3g.40gb MIG device (--dynamic-mig)")
+    manifest = claim_from_request("mig-partition", MIG_REQUEST, namespace=NAMESPACE)
+    claim = await create_and_allocate_claim(ApiAccess(server.url), manifest, node)
     ref = ClaimRef(namespace=NAMESPACE, name="mig-partition", uid=claim["metadata"]["uid"])
     (allocated,) = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
     say(f"   {ref.namespace}/{ref.name} is allocated {allocated}")
