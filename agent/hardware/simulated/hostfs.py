@@ -8,6 +8,8 @@ exercised exactly as in production.
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from pathlib import Path
 
 from agent.hardware.simulated.profile import HostProfile
@@ -71,7 +73,15 @@ def lay_out_host(profile: HostProfile, root: Path) -> None:
     lib_dir = root / "driver-root/usr/lib/x86_64-linux-gnu"
     for library in ("libnvidia-ml.so", "libcuda.so"):
         _write(lib_dir / f"{library}.{profile.driver_version}", "simulated driver library\n")
-    _write(root / "driver-root/usr/bin/nvidia-smi", "#!/bin/sh\necho simulated nvidia-smi\n")
+    for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):  # simulated tools (``tools``)
+        _write_tool(root / "driver-root/usr/bin" / tool, tool, root)
+
+
+def _write_tool(path: Path, tool: str, root: Path) -> None:
+    """A driver tool of the simulated host: a script running ``simulated.tools``."""
+    command = [sys.executable, "-m", "agent.hardware.simulated.tools", tool, str(root.absolute())]
+    _write(path, f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n')
+    path.chmod(0o755)
 
 
 def write_mig_capabilities(state: HostState, root: Path) -> None:

@@ -17,7 +17,13 @@ from typing import Any
 
 import pynvml
 
-from agent.hardware.simulated import capi_device, capi_events, capi_fields, capi_mig
+from agent.hardware.simulated import (
+    capi_compute,
+    capi_device,
+    capi_events,
+    capi_fields,
+    capi_mig,
+)
 from agent.hardware.simulated.cabi import handle_value
 from agent.hardware.simulated.events import (
     EVENT_DOUBLE_BIT_ECC,
@@ -81,7 +87,7 @@ class SimulatedNvmlLibrary:
         self._gpu_failures: dict[tuple[str, int], deque[int]] = {}  # (function, GPU handle)
         self._latency: dict[str | None, float] = {}
         self._mig_listeners: list[Callable[[], None]] = []
-        for module in (capi_device, capi_mig, capi_events, capi_fields):
+        for module in (capi_device, capi_mig, capi_events, capi_fields, capi_compute):
             for name, impl in module.FUNCTIONS.items():
                 setattr(self, name, CFunction(self, name, impl))
 

@@ -74,6 +74,7 @@ def to_document(state: HostState) -> dict[str, Any]:
                 "uuid": gpu.spec.uuid,
                 "migCapable": gpu.model.mig_capable,
                 "migMode": gpu.mig_current,
+                "computeMode": gpu.compute_mode,
                 "generation": gpu.generation,
                 "gpuInstances": instances,
             }
@@ -118,6 +119,7 @@ def load(state: HostState, root: Path) -> bool:
         state.clear_instances(gpu)
         gpu.mig_current = gpu.mig_pending = int(saved["migMode"])
         gpu.generation = int(saved.get("generation", 0))
+        gpu.compute_mode = int(saved.get("computeMode", 0))
         for raw in saved.get("gpuInstances", []):
             profile = gpu.model.gi_by_id(int(raw["profileId"]))
             if profile is None:

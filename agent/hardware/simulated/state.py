@@ -79,6 +79,7 @@ class SimGpu:
     mig_pending: int = 0
     lost: bool = False
     recovery_action: int = 0  # NVML_GPU_RECOVERY_ACTION_*: what the driver wants done next
+    compute_mode: int = 0  # NVML_COMPUTEMODE_*, saved with the MIG state (``capi_compute``)
     generation: int = 0  # bumps on every MIG creation, so recreated MIG devices get new UUIDs
     gpu_instances: dict[int, SimGpuInstance] = field(default_factory=dict)
 
