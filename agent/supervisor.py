@@ -164,7 +164,7 @@ class Supervisor:
 
         claim_reader = ApiClaimReader(api_client)
         stack.push_async_callback(claim_reader.close)  # before the client it borrows from
-        effectors = []
+        effectors: list[Any] = []  # agent.node.effectors.DeviceEffector, in order
         if config.dynamic_mig:  # MIG instances made on prepare (agent/mig)
             from agent.hardware.mig_ops import MigOps
             from agent.mig import MigEffector
@@ -178,6 +178,23 @@ class Supervisor:
                     adopt_instances=config.adopt_mig_instances,
                 )
             )
+        from agent.sharing import build_sharing
+
+        effectors.append(  # after MIG: it sees the MIG devices just made (agent/sharing)
+            build_sharing(
+                session.nvml,
+                inventory,
+                plugin_dir=config.plugin_dir,
+                host_root=config.host_root,
+                driver_root=(
+                    session.simulated.root / "driver-root"
+                    if session.simulated is not None
+                    else config.driver_files
+                ),
+                dynamic_mig=config.dynamic_mig,
+                simulated=session.simulated is not None,
+            )
+        )
         engine = PrepareEngine(
             driver=config.driver_name,
             node_name=config.node_name,
@@ -192,6 +209,7 @@ class Supervisor:
             events=events,
             dynamic_mig=config.dynamic_mig,
             effectors=effectors,
+            sharing=True,
         )
         report = await engine.start()
         stack.push_async_callback(engine.close)

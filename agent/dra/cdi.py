@@ -121,12 +121,32 @@ class MigCapabilities:
 
 
 @dataclass(frozen=True)
+class MpsDirectories:
+    """The host directories of the MPS control daemon a device is shared through.
+
+    The container gets ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY`` pointing at
+    the pipe and log directories, mounted read-write at :data:`MPS_PIPE_PATH` and
+    :data:`MPS_LOG_PATH`, and the daemon's shm directory as its ``/dev/shm``.
+    """
+
+    pipe_dir: str
+    log_dir: str
+    shm_dir: str
+
+
+MPS_PIPE_PATH = "/tmp/nvidia-mps"
+MPS_LOG_PATH = "/var/log/nvidia-mps"
+MPS_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
+
+
+@dataclass(frozen=True)
 class ClaimDevice:
     """One prepared device as its CDI entry needs it: the GPU minor (the parent's for MIG)."""
 
     device_name: str
     gpu_minor: int
     mig: MigCapabilities | None = None
+    mps: MpsDirectories | None = None
 
 
 def validate_claim_uid(uid: str) -> str:
@@ -231,16 +251,32 @@ def claim_spec(driver: str, claim_uid: str, devices: Sequence[ClaimDevice]) -> d
     entries = []
     for device in devices:
         nodes = [node.to_dict() for node in claim_device_nodes(device)]
+        edits: dict[str, Any] = {"deviceNodes": nodes}
+        if device.mps is not None:
+            edits.update(mps_edits(device.mps))
         entries.append(
-            {
-                "name": claim_device_name(claim_uid, device.device_name),
-                "containerEdits": {"deviceNodes": nodes},
-            }
+            {"name": claim_device_name(claim_uid, device.device_name), "containerEdits": edits}
         )
     names = [str(entry["name"]) for entry in entries]
     if len(set(names)) != len(names):
         raise CdiSpecError(f"claim {claim_uid} lists a device twice: {sorted(names)}")
     return _spec(driver, entries)
+
+
+def mps_edits(mps: MpsDirectories) -> dict[str, Any]:
+    """The container edits of a device shared through MPS: environment and mounts."""
+    mounts = (
+        (mps.pipe_dir, MPS_PIPE_PATH),
+        (mps.log_dir, MPS_LOG_PATH),
+        (mps.shm_dir, "/dev/shm"),
+    )
+    return {
+        "env": [
+            f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_PATH}",
+            f"CUDA_MPS_LOG_DIRECTORY={MPS_LOG_PATH}",
+        ],
+        "mounts": [Mount(host, path, MPS_MOUNT_OPTIONS).to_dict() for host, path in mounts],
+    }
 
 
 def _spec(driver: str, devices: list[dict[str, Any]]) -> dict[str, Any]:

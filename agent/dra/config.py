@@ -12,8 +12,8 @@ naming the request (``req`` covers subrequest results ``req/sub``) beats one wit
 ``MigDeviceConfig`` only to mig devices; a wrong-type config naming the result's exact
 request is an error, one reaching it via empty ``requests`` or a parent request is skipped.
 
-Sharing strategies (TimeSlicing, MPS) are decoded, validated and returned, not yet applied:
-the prepare engine decides what it can apply and refuses the rest.
+Sharing strategies (TimeSlicing, MPS) are decoded and validated here (each config alone, and
+the configs of one claim together: ``sharing_problems``); ``agent.sharing`` applies them.
 """
 
 from __future__ import annotations
@@ -285,6 +285,45 @@ def effective_configs(
     if problems:
         raise ConfigError(problems, claim)
     return tuple(chosen)
+
+
+def sharing_problems(chosen: Sequence[EffectiveConfig], uuid_of: Callable[[str], str]) -> list[str]:
+    """What is wrong with the sharing configs of one claim taken together, by field path.
+
+    One MPS control daemon serves all MPS devices of a claim, so they must share one
+    ``mpsConfig``; a ``defaultPerDevicePinnedMemoryLimit`` key is an index into the claim's
+    MPS devices ordered by UUID, or the UUID of one of them. ``uuid_of(device name)`` is the
+    device's UUID, or "" for a device made on prepare (a dynamic MIG device: its UUID cannot
+    be checked before it exists)."""
+    mps = [e for e in chosen if e.config.sharing is not None and e.config.sharing.mps is not None]
+    problems: list[str] = []
+    if not mps:
+        return problems
+    first = mps[0]
+    for other in mps[1:]:
+        if other.config.sharing != first.config.sharing:
+            problems.append(
+                f"{other.origin}.opaque.parameters.sharing.mpsConfig: device "
+                f"{other.result.device} gets another MPS configuration than device "
+                f"{first.result.device} ({first.origin}); one MPS control daemon serves all "
+                "MPS devices of a claim, so their mpsConfig must be equal"
+            )
+    devices = {e.result.device for e in mps}
+    uuids = {uuid_of(name) for name in devices}
+    unknown = "" in uuids
+    for effective in mps:
+        sharing = effective.config.sharing
+        assert sharing is not None and sharing.mps is not None
+        path = f"{effective.origin}.opaque.parameters.sharing.mpsConfig.{_MPS_FIELDS[2]}"
+        for key, _limit in sharing.mps.default_per_device_pinned_memory_limit:
+            if key.isdecimal() and int(key) >= len(devices):
+                problems.append(
+                    f"{path}.{key}: index {key} is out of range; the claim has "
+                    f"{len(devices)} MPS device(s), indexed from 0 in UUID order"
+                )
+            elif not key.isdecimal() and key not in uuids and not unknown:
+                problems.append(f"{path}.{key}: names no MPS device of this claim")
+    return sorted(set(problems), key=problems.index)
 
 
 _RESULT_KEYS = ("request", "driver", "pool", "device")

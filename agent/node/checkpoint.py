@@ -67,6 +67,16 @@ class MigInstance:
 
 
 @dataclass(frozen=True)
+class MpsShare:
+    """The MPS control daemon a device is shared through (``agent.sharing``): the host
+    directories its containers get (CDI), recorded so that the spec can be rebuilt."""
+
+    pipe_dir: str
+    log_dir: str
+    shm_dir: str
+
+
+@dataclass(frozen=True)
 class Intent:
     """A hardware change an effector makes for one device of a claim, recorded before it.
 
@@ -115,6 +125,8 @@ class PreparedDevice:
     # Stored as ``adminAccess`` only when true, so files without admin devices stay
     # readable by agents that predate the field (a rollback of a rolling upgrade).
     admin_access: bool = False
+    # Shared through an MPS daemon; stored as ``mps`` only when set (like ``adminAccess``).
+    mps: MpsShare | None = None
 
     def cdi_device(self) -> cdi.ClaimDevice:
         """The input of ``cdi.claim_spec`` for this device."""
@@ -123,7 +135,10 @@ class PreparedDevice:
             caps = cdi.MigCapabilities(
                 self.mig.caps_major, self.mig.gi_cap_minor, self.mig.ci_cap_minor
             )
-        return cdi.ClaimDevice(self.device, self.gpu_minor, caps)
+        mps = None
+        if self.mps is not None:
+            mps = cdi.MpsDirectories(self.mps.pipe_dir, self.mps.log_dir, self.mps.shm_dir)
+        return cdi.ClaimDevice(self.device, self.gpu_minor, caps, mps)
 
 
 @dataclass(frozen=True)
@@ -306,6 +321,12 @@ def _device_to_dict(device: PreparedDevice) -> dict[str, Any]:
     }
     if device.admin_access:
         document["adminAccess"] = True
+    if device.mps is not None:
+        document["mps"] = {
+            "pipeDirectory": device.mps.pipe_dir,
+            "logDirectory": device.mps.log_dir,
+            "shmDirectory": device.mps.shm_dir,
+        }
     return document
 
 
@@ -375,7 +396,7 @@ def _intents_from(raw: Any, path: str) -> tuple[Intent, ...]:
 
 
 def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
-    _keys(raw, path, _DEVICE_KEYS | {"mig", "config", "adminAccess"})
+    _keys(raw, path, _DEVICE_KEYS | {"mig", "config", "adminAccess", "mps"})
     admin = raw.get("adminAccess", False)
     if not isinstance(admin, bool):
         raise CheckpointFormatError(f"{path}.adminAccess: must be true or false")
@@ -395,6 +416,15 @@ def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
             values["giCapMinor"],
             values["ciCapMinor"],
         )
+    mps = None
+    if raw.get("mps") is not None:
+        _keys(raw["mps"], f"{path}.mps", {"pipeDirectory", "logDirectory", "shmDirectory"})
+        mps_path = f"{path}.mps"
+        mps = MpsShare(
+            _str(raw["mps"], "pipeDirectory", mps_path),
+            _str(raw["mps"], "logDirectory", mps_path),
+            _str(raw["mps"], "shmDirectory", mps_path),
+        )
     try:
         config = decode_parameters(raw.get("config") or {}, f"{path}.config")
     except ConfigError as error:
@@ -410,6 +440,7 @@ def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
         config=config,
         mig=mig,
         admin_access=admin,
+        mps=mps,
     )
 
 

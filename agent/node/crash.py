@@ -27,10 +27,18 @@ EngineCrashPoint = Literal[
 #: The steps of making a dynamic MIG device (``agent.mig``): its intent is durable, its GPU
 #: instance exists, its compute instance exists.
 MigCrashPoint = Literal["after-mig-intent", "after-gpu-instance", "after-compute-instance"]
-CrashPoint = Literal[EngineCrashPoint, MigCrashPoint]
+#: The steps of sharing a device (``agent.sharing``): the GPU's compute mode (and time-slice)
+#: changed, an MPS control daemon started (its pid recorded).
+SharingCrashPoint = Literal["after-compute-mode", "after-mps-daemon-start"]
+CrashPoint = Literal[EngineCrashPoint, MigCrashPoint, SharingCrashPoint]
 CRASH_POINTS: Final[tuple[EngineCrashPoint, ...]] = get_args(EngineCrashPoint)
 MIG_CRASH_POINTS: Final[tuple[MigCrashPoint, ...]] = get_args(MigCrashPoint)
-ALL_CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (*CRASH_POINTS, *MIG_CRASH_POINTS)
+SHARING_CRASH_POINTS: Final[tuple[SharingCrashPoint, ...]] = get_args(SharingCrashPoint)
+ALL_CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (
+    *CRASH_POINTS,
+    *MIG_CRASH_POINTS,
+    *SHARING_CRASH_POINTS,
+)
 EXIT_STATUS: Final = 137
 
 

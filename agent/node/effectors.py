@@ -31,8 +31,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import anyio
-
 from agent.node import checkpoint as cp
 from agent.node.errors import NodeError
 
@@ -119,19 +117,24 @@ class Effects:
     async def apply(self, uid: str, devices: Prepared, record: RecordIntents) -> Prepared:
         """Every involved effector's ``apply`` in turn (each sees the previous one's result).
 
-        Intents accumulate: each ``record`` call writes the intents of every effector so far.
+        Intents accumulate: each ``record`` call writes the intents of every effector so far;
+        an effector's later call replaces its own earlier ones (e.g. a daemon's pid, once
+        it runs).
         """
         recorded: tuple[cp.Intent, ...] = ()
 
-        async def record_all(intents: tuple[cp.Intent, ...]) -> None:
-            nonlocal recorded
-            recorded = (*recorded, *intents)
-            await record(recorded)
+        def record_for(name: str) -> RecordIntents:
+            async def record_all(intents: tuple[cp.Intent, ...]) -> None:
+                nonlocal recorded
+                recorded = (*(i for i in recorded if i.effector != name), *intents)
+                await record(recorded)
+
+            return record_all
 
         applied: list[DeviceEffector] = []
         for effector in self._involved(devices):
             try:
-                devices = await effector.apply(uid, devices, record_all)
+                devices = await effector.apply(uid, devices, record_for(effector.name))
             except EffectFailed as error:
                 leftover = list(error.leftover)
                 for done in reversed(applied):  # undo the effectors that succeeded
@@ -145,13 +148,14 @@ class Effects:
         return devices
 
     async def undo(self, uid: str, intents: tuple[cp.Intent, ...], devices: Prepared) -> None:
-        """Undo ``intents`` (each by its effector); raises ``EffectFailed`` with the
-        intents still to undo. An intent of an effector not configured now is kept."""
+        """Undo ``intents`` (each by its effector, in the reverse of the configured order:
+        what was made last goes first); raises ``EffectFailed`` with the intents still to
+        undo. An intent of an effector not configured now is kept."""
         if not intents:
             return
         leftover: list[cp.Intent] = []
         errors: list[str] = []
-        for effector in self._effectors:
+        for effector in reversed(self._effectors):
             mine = tuple(i for i in intents if i.effector == effector.name)
             if not mine:
                 continue
@@ -174,15 +178,9 @@ class Effects:
             raise EffectFailed("; ".join(errors), tuple(leftover))
 
     async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
-        """Every effector's startup recovery, concurrently (they touch different things)."""
-        reports: list[StartupRecovery] = []
-
-        async def one(effector: DeviceEffector) -> None:
-            reports.append(await effector.recover(checkpoint))
-
-        async with anyio.create_task_group() as group:
-            for effector in self._effectors:
-                group.start_soon(one, effector)
+        """Every effector's startup recovery, in the reverse of the configured order (an
+        MPS daemon stops before the MIG device it runs on is destroyed)."""
+        reports = [await effector.recover(checkpoint) for effector in reversed(self._effectors)]
         kept: dict[str, tuple[cp.Intent, ...]] = {}
         known = {e.name for e in self._effectors}
         problems = [p for r in reports for p in r.problems]

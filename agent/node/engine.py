@@ -131,9 +131,11 @@ class PrepareEngine:
         driver_root_mount: Path | None = None,
         dynamic_mig: bool = False,
         effectors: Sequence[DeviceEffector] = (),
+        sharing: bool = False,
     ) -> None:
         """``dynamic_mig``: partitionable GPUs offer their MIG placements as devices, which
-        an effector of ``effectors`` (``agent.mig``) makes on prepare."""
+        an effector of ``effectors`` (``agent.mig``) makes on prepare. ``sharing``: an
+        effector applies sharing configs (``agent.sharing``); else they are refused."""
         self.driver = driver
         self.pool = node_name
         self._inventory = inventory
@@ -144,6 +146,7 @@ class PrepareEngine:
         self._reader = claim_reader
         self._events = events
         self._dynamic_mig = dynamic_mig
+        self._sharing = sharing
         self._effects = Effects(effectors)
         self._store = CheckpointStore(self._plugin_dir, boot_id)
         self._specs = CdiSpecDirectory(Path(cdi_root), driver)
@@ -341,7 +344,14 @@ class PrepareEngine:
         try:
             claim = await self._reader.read(ref.namespace, ref.name)
             crash_point("after-claim-read")
-            plan = plan_claim(ref, claim, driver=self.driver, pool=self.pool, devices=facts.devices)
+            plan = plan_claim(
+                ref,
+                claim,
+                driver=self.driver,
+                pool=self.pool,
+                devices=facts.devices,
+                sharing=self._sharing,
+            )
             span.set_attribute("gpu.device.names", list(plan.device_names))
             return tuple(facts.prepared_device(ref.uid, p) for p in plan.devices)
         except PrepareRefused:

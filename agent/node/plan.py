@@ -2,8 +2,8 @@
 
 This is the decision half of a prepare, kept free of I/O so that every refusal (replaced
 claim, not allocated, another node's pool, a device this node does not have, an invalid
-opaque config, a sharing strategy we cannot apply) is a plain function of the claim's JSON
-and the inventory, tested without files or sockets. The engine applies the plan.
+opaque config, sharing configs that do not fit together) is a plain function of the claim's
+JSON and the inventory, tested without files or sockets. The engine applies the plan.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from agent.dra.config import (
     OpaqueConfig,
     effective_configs,
     parse_allocation,
+    sharing_problems,
 )
 from agent.dra.devices import publishable_mig_devices
 from agent.dra.names import gpu_device_name, mig_device_name
@@ -98,10 +99,13 @@ def plan_claim(
     driver: str,
     pool: str,
     devices: Mapping[str, NodeDevice],
+    sharing: bool = False,
 ) -> ClaimPlan:
     """The devices ``claim`` (the ResourceClaim JSON) asks this node to prepare.
 
-    Raises :class:`PrepareRefused` with a message that names the claim and the problem.
+    ``sharing``: the engine applies sharing configs (``agent.sharing``); without it a claim
+    asking for sharing is refused. Raises :class:`PrepareRefused` with a message that names
+    the claim and the problem.
     """
     subject = f"ResourceClaim {ref.namespace}/{ref.name}"
     metadata = claim.get("metadata") or {}
@@ -145,14 +149,24 @@ def plan_claim(
     except ConfigError as error:
         raise PrepareRefused(f"{subject} ({ref.uid}): {error}") from None
     for effective in chosen:
-        sharing = effective.config.sharing
-        if sharing is not None:
+        asked = effective.config.sharing
+        if asked is not None and not sharing:
             raise PrepareRefused(
                 f"{subject} ({ref.uid}): {effective.origin} asks for sharing strategy "
-                f"{sharing.strategy} on device {effective.result.device}, which this agent "
+                f"{asked.strategy} on device {effective.result.device}, which this agent "
                 "does not apply; remove the sharing section to use the device exclusively"
             )
+    problems = sharing_problems(chosen, lambda name: _uuid_of(devices[name]))
+    if problems:
+        invalid = ConfigError(problems, f"{ref.namespace}/{ref.name}")
+        raise PrepareRefused(f"{subject} ({ref.uid}): {invalid}")
     return ClaimPlan(ref, _merge(ours, {e.result: e.config for e in chosen}, devices))
+
+
+def _uuid_of(device: NodeDevice) -> str:
+    if device.slot is not None:
+        return ""  # made on prepare
+    return device.mig.uuid if device.mig is not None else device.gpu.uuid
 
 
 def _merge(

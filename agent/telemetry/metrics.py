@@ -143,6 +143,14 @@ MIG_RECONFIGURE_DURATION = _meter.create_histogram(
     "switch), NVML calls and retries included, by operation",
     explicit_bucket_boundaries_advisory=RPC_BUCKETS,
 )
+SHARING_CHANGES = _meter.create_counter(
+    "gpu_dra_sharing_changes",
+    "{change}",
+    "GPU sharing changes (strategy: TimeSlicing, MPS; operation: apply, restore), by outcome",
+)
+MPS_DAEMONS = _meter.create_gauge(
+    "gpu_dra_mps_daemons", "{daemon}", "MPS control daemons this agent runs for prepared claims"
+)
 
 #: Every metric the agent exports to Prometheus, by its exported name (docs/OBSERVABILITY.md).
 #: ``gpu_dra_trace_spans_dropped_total`` is created by the span processor
@@ -164,6 +172,8 @@ PROMETHEUS_NAMES: Final = (
     "gpu_dra_checkpoint_write_duration_seconds",
     "gpu_dra_mig_reconfigurations_total",
     "gpu_dra_mig_reconfigure_duration_seconds",
+    "gpu_dra_sharing_changes_total",
+    "gpu_dra_mps_daemons",
     "gpu_dra_trace_spans_dropped_total",
 )
 PROCESS_NAMES: Final = (

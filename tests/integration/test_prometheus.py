@@ -31,6 +31,7 @@ import anyio
 import pytest
 from opentelemetry import trace
 
+from agent.sim.claims import OpaqueConfig
 from agent.telemetry.metrics import PROCESS_NAMES, PROMETHEUS_NAMES
 from tests.integration.conftest import DRIVER, AgentHarness
 
@@ -146,6 +147,12 @@ async def exercise(harness: AgentHarness) -> None:
     mig = await harness.claim(["gpu-4-mig-1g10gb-19-0"])  # dynamic MIG: made, then destroyed
     assert not (await harness.prepare(mig))[mig.uid].error
     assert not (await harness.unprepare(mig))[mig.uid].error
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    shared = await harness.claim(
+        ["gpu-2"], configs=[OpaqueConfig({**mps, "sharing": {"strategy": "MPS"}})]
+    )
+    assert not (await harness.prepare(shared))[shared.uid].error  # an MPS daemon, then none
+    assert not (await harness.unprepare(shared))[shared.uid].error
     bad = await harness.claim(["gpu-99"])  # no such device: a per-claim error
     assert (await harness.prepare(bad))[bad.uid].error
     # the XID's taint is written through a failing API server (a publish error, retried),

@@ -48,6 +48,8 @@ def record_everything() -> None:
     m.observe(m.CHECKPOINT_WRITE_DURATION, 0.003)
     m.add(m.MIG_RECONFIGURATIONS, 1, operation="create", outcome="success")
     m.observe(m.MIG_RECONFIGURE_DURATION, 0.2, operation="create")
+    m.add(m.SHARING_CHANGES, 1, strategy="MPS", operation="apply", outcome="success")
+    m.set_gauge(m.MPS_DAEMONS, 1)
     from agent.telemetry.export import DropCounter
 
     DropCounter().add(1, "queue_full")

@@ -1,0 +1,411 @@
+"""The sharing effector: time-slicing and MPS, applied on prepare and undone on unprepare.
+
+Several containers or pods sharing one claim is native to DRA (they reference the same
+ResourceClaim); *how* they share its devices is the claim's opaque config
+(``GpuConfig.sharing`` / ``MigDeviceConfig.sharing``, decoded in ``agent.dra.config``). The
+engine hands every claim to this effector after the dynamic MIG effector (``agent.mig``), so a
+dynamic MIG device arrives here with the UUID it was just given. Sharing is chosen by the
+config, never by the device name: a device without ``sharing`` passes through untouched, at
+no cost (no intent, no write, no NVML call).
+
+- **TimeSlicing** on a full GPU: compute mode ``DEFAULT`` (NVML) and the time-slice of the
+  config's interval (``nvidia-smi compute-policy --set-timeslice``; NVML has no call for it).
+  Claims sharing a GPU (``adminAccess``) must ask for the same interval, else the second gets
+  an error naming the first. The GPU goes back to the ``Default`` time-slice when the last
+  claim using the setting goes. On a MIG device time-slicing is what already happens, and
+  nothing is changed.
+- **MPS**: one control daemon per claim for all its MPS devices (``mps``), the full GPUs
+  among them in compute mode ``EXCLUSIVE_PROCESS`` while it runs, the limits applied, and
+  ready before prepare returns. The devices come back with the daemon's directories
+  (``PreparedDevice.mps``), which the claim's CDI spec mounts into the containers with
+  ``CUDA_MPS_PIPE_DIRECTORY`` and ``CUDA_MPS_LOG_DIRECTORY``. Unprepare stops the daemon,
+  removes its directories and puts compute mode back to ``DEFAULT``.
+
+Every change is first recorded as an intent in the claim's ``PrepareStarted`` entry (the
+GPU's UUID, the strategy, the interval, the daemon's directory; the daemon's pid is added as
+soon as it runs), so a crash at any step leaves enough on disk to undo it: startup recovery
+(``recover``) stops the daemons of claims that never completed and puts their GPUs back to the
+default compute mode and time-slice; the settings of completed claims stay.
+
+Each change is a span ``sharing.apply`` or ``sharing.restore`` (``sharing.strategy``,
+``gpu.uuid``, ``k8s.device.name``, ``sharing.result``) under the claim's span, counted in
+``gpu_dra_sharing_changes_total{strategy,operation,outcome}``; ``gpu_dra_mps_daemons`` is the
+number of daemons this agent runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
+
+import anyio
+from opentelemetry import trace
+
+from agent.dra.config import MpsConfig, Sharing, SharingStrategy
+from agent.hardware.compute_mode import ComputeMode, ComputeModes
+from agent.node import checkpoint as cp
+from agent.node.crash import crash_point
+from agent.node.effectors import Describe, EffectFailed, Prepared, RecordIntents, StartupRecovery
+from agent.node.plan import NodeDevice
+from agent.sharing.mps import MpsDaemons, limit_commands
+from agent.sharing.tools import DriverTools
+from agent.telemetry.metrics import MPS_DAEMONS, SHARING_CHANGES, add, set_gauge
+from agent.telemetry.tracing import tracer
+
+log = logging.getLogger(__name__)
+
+NAME = "sharing"
+TIME_SLICING = str(SharingStrategy.TIME_SLICING)
+MPS = str(SharingStrategy.MPS)
+
+
+class SharingEffector:
+    """The effector of the module docstring for the devices of ``devices``."""
+
+    name = NAME
+
+    def __init__(
+        self,
+        compute_modes: ComputeModes,
+        tools: DriverTools,
+        daemons: MpsDaemons,
+        devices: Mapping[str, NodeDevice],
+    ) -> None:
+        self._modes = compute_modes
+        self._tools = tools
+        self._daemons = daemons
+        self._devices = devices
+        #: GPU UUID -> claim UID -> the setting it holds ("TimeSlicing/<interval>" or "MPS"):
+        #: what this agent changed on each GPU, for whom (rebuilt from the checkpoint at start).
+        self._settings: dict[str, dict[str, str]] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        #: Claims whose MPS daemon runs (``gpu_dra_mps_daemons``).
+        self._with_daemon: set[str] = set()
+
+    # -- the protocol ---------------------------------------------------------------------
+
+    def handles(self, device: str) -> bool:
+        # Every device may be shared; ``apply`` looks at the config and skips the others.
+        return device in self._devices
+
+    def conflict(
+        self, uid: str, devices: Prepared, held: Mapping[str, Prepared], describe: Describe
+    ) -> str | None:
+        return None  # decided under the GPU's lock in ``apply``, against what is applied
+
+    async def apply(self, uid: str, devices: Prepared, record: RecordIntents) -> Prepared:
+        shared = [d for d in devices if d.config.sharing is not None]
+        if not shared:
+            return devices
+        intents = tuple(i for d in shared if (i := self._intent(uid, d)) is not None)
+        if not intents:
+            return devices
+        await record(intents)
+        started: list[int] = []  # the daemon's pid, once it runs
+        try:
+            changed = False
+            for intent in intents:
+                if intent.string("strategy") == TIME_SLICING:
+                    await self._time_slice(uid, intent)
+                    changed = True
+                elif intent.get("kind") == "gpu":
+                    await self._exclusive(uid, intent)
+                    changed = True
+            if changed:
+                crash_point("after-compute-mode")
+            mps_devices = [d for d in shared if _strategy(d) == MPS]
+            if not mps_devices:
+                return devices
+            await self._start_daemon(uid, mps_devices, record, intents, started)
+        except Exception as error:  # an NVML or tool error, or a bug: this claim only
+            pid = started[0] if started else None
+            leftover = await self._undo_quietly(uid, self._with_pid(intents, pid))
+            message = str(error) if isinstance(error, EffectFailed) else f"claim {uid}: {error}"
+            raise EffectFailed(message, leftover) from error
+        shares = self._share(uid)
+        names = {d.device for d in mps_devices}
+        return tuple(replace(d, mps=shares) if d.device in names else d for d in devices)
+
+    async def undo(self, uid: str, intents: tuple[cp.Intent, ...], devices: Prepared) -> None:
+        errors: list[str] = []
+        leftover: list[cp.Intent] = []
+        mps = tuple(i for i in intents if i.get("strategy") == MPS)
+        if mps:
+            try:
+                await self._stop_daemon(uid, mps)
+            except Exception as error:
+                errors.append(f"claim {uid}: cannot stop its MPS control daemon: {error}")
+                leftover.extend(mps)
+        for intent in intents:
+            if intent in leftover:
+                continue
+            try:
+                await self._restore(uid, intent)
+            except Exception as error:
+                errors.append(
+                    f"claim {uid}: cannot restore GPU {intent.get('gpuUUID')} after "
+                    f"{intent.get('strategy')}: {error}"
+                )
+                leftover.append(intent)
+        if errors:
+            raise EffectFailed("; ".join(errors), tuple(leftover))
+
+    async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
+        self._settings.clear()
+        daemons: set[str] = set()
+        for claim in checkpoint.completed():
+            mine = [i for i in claim.intents if i.effector == NAME]
+            for intent in mine:
+                setting = _setting(intent)
+                if setting is not None:
+                    self._settings.setdefault(intent.string("gpuUUID"), {})[claim.uid] = setting
+            if any(i.get("strategy") == MPS for i in mine):
+                daemons.add(claim.uid)
+        rolled_back: list[str] = []
+        kept: dict[str, tuple[cp.Intent, ...]] = {}
+        problems: list[str] = []
+        for claim in checkpoint.claims.values():
+            started = tuple(i for i in claim.intents if i.effector == NAME)
+            if claim.state is not cp.ClaimState.PREPARE_STARTED or not started:
+                continue
+            try:
+                await self.undo(claim.uid, started, claim.devices)
+                rolled_back.append(claim.uid)
+            except EffectFailed as error:
+                kept[claim.uid] = error.leftover or started
+                problems.append(str(error))
+        problems.extend(self._check_daemons(checkpoint))
+        self._with_daemon = daemons
+        set_gauge(MPS_DAEMONS, len(self._with_daemon))
+        if rolled_back:
+            log.info(
+                "undid the sharing settings of %d claim(s) that never completed",
+                len(rolled_back),
+                extra={"claims": rolled_back},
+            )
+        return StartupRecovery(tuple(rolled_back), kept, tuple(problems))
+
+    # -- intents --------------------------------------------------------------------------
+
+    def _intent(self, uid: str, device: cp.PreparedDevice) -> cp.Intent | None:
+        sharing = device.config.sharing
+        assert sharing is not None
+        node = self._devices.get(device.device)
+        gpu_uuid = node.gpu.uuid if node is not None else device.uuid
+        if device.mig is not None:
+            gpu_uuid = device.mig.parent_uuid
+        if sharing.strategy is SharingStrategy.TIME_SLICING:
+            if device.kind != "gpu":
+                return None  # a MIG device is time-sliced already; nothing to change
+            interval = sharing.time_slicing.interval if sharing.time_slicing else "Default"
+            parameters: tuple[tuple[str, str | int], ...] = (
+                ("strategy", TIME_SLICING),
+                ("gpuUUID", gpu_uuid),
+                ("interval", str(interval)),
+            )
+            return cp.Intent(NAME, device.device, parameters)
+        directory = self._daemons.directories(uid).root
+        return cp.Intent(
+            NAME,
+            device.device,
+            (
+                ("strategy", MPS),
+                ("kind", device.kind),
+                ("uuid", device.uuid),
+                ("gpuUUID", gpu_uuid),
+                ("directory", str(directory)),
+            ),
+        )
+
+    @staticmethod
+    def _with_pid(intents: tuple[cp.Intent, ...], pid: object) -> tuple[cp.Intent, ...]:
+        if not isinstance(pid, int):
+            return intents
+        return tuple(
+            cp.Intent(i.effector, i.device, (*i.parameters, ("pid", pid)))
+            if i.get("strategy") == MPS
+            else i
+            for i in intents
+        )
+
+    # -- time-slicing ---------------------------------------------------------------------
+
+    def _lock(self, gpu: str) -> anyio.Lock:
+        lock = self._locks.get(gpu)
+        if lock is None:
+            lock = self._locks[gpu] = anyio.Lock()
+        return lock
+
+    def _claim_in_the_way(self, uid: str, gpu: str, setting: str) -> str | None:
+        for other, theirs in self._settings.get(gpu, {}).items():
+            if other != uid and theirs != setting:
+                return f"claim {other} holds GPU {gpu} with {_describe(theirs)}"
+        return None
+
+    async def _time_slice(self, uid: str, intent: cp.Intent) -> None:
+        gpu, interval = intent.string("gpuUUID"), intent.string("interval")
+        setting = f"{TIME_SLICING}/{interval}"
+        async with self._lock(gpu):
+            other = self._claim_in_the_way(uid, gpu, setting)
+            if other is not None:
+                raise EffectFailed(
+                    f"claim {uid}: device {intent.device} asks for time-slicing with interval "
+                    f"{interval}, but {other}; claims sharing a GPU must ask for the same "
+                    "setting"
+                )
+            with self._change("apply", TIME_SLICING, gpu, intent.device) as span:
+                span.set_attribute("sharing.interval", interval)
+                await self._modes.set(gpu, ComputeMode.DEFAULT)
+                await self._tools.set_timeslice(gpu, interval)
+            self._settings.setdefault(gpu, {})[uid] = setting
+
+    async def _exclusive(self, uid: str, intent: cp.Intent) -> None:
+        gpu = intent.string("gpuUUID")
+        async with self._lock(gpu):
+            others = [u for u in self._settings.get(gpu, {}) if u != uid]
+            other = self._claim_in_the_way(uid, gpu, MPS)
+            if other is None and others:  # a daemon of its own: exclusive-process allows one
+                other = f"claim {others[0]} shares GPU {gpu} through its own MPS daemon"
+            if other is not None:
+                raise EffectFailed(
+                    f"claim {uid}: device {intent.device} asks for MPS, but {other}; an MPS "
+                    "daemon needs the GPU in exclusive-process mode for itself"
+                )
+            with self._change("apply", MPS, gpu, intent.device) as span:
+                span.set_attribute("sharing.compute_mode", "EXCLUSIVE_PROCESS")
+                await self._modes.set(gpu, ComputeMode.EXCLUSIVE_PROCESS)
+            self._settings.setdefault(gpu, {})[uid] = MPS
+
+    async def _restore(self, uid: str, intent: cp.Intent) -> None:
+        """Forget ``uid``'s setting of the intent's GPU; the last one out restores it."""
+        strategy = intent.get("strategy")
+        if strategy == MPS and intent.get("kind") != "gpu":
+            return  # a MIG device: its GPU's compute mode was never changed
+        gpu = intent.string("gpuUUID")
+        async with self._lock(gpu):
+            holders = self._settings.get(gpu, {})
+            holders.pop(uid, None)
+            if holders:
+                return  # another claim still uses the setting
+            self._settings.pop(gpu, None)
+            with self._change("restore", str(strategy), gpu, intent.device):
+                await self._modes.set(gpu, ComputeMode.DEFAULT)
+                if strategy == TIME_SLICING:
+                    await self._tools.set_timeslice(gpu, "Default")
+
+    # -- MPS ------------------------------------------------------------------------------
+
+    async def _start_daemon(
+        self,
+        uid: str,
+        devices: list[cp.PreparedDevice],
+        record: RecordIntents,
+        intents: tuple[cp.Intent, ...],
+        started: list[int],
+    ) -> None:
+        """Start the claim's daemon (its pid into ``started`` and the intents), wait until
+        it is ready and apply the limits."""
+        uuids = sorted(d.uuid for d in devices)
+        missing = [d.device for d in devices if not d.uuid]
+        if missing:
+            raise EffectFailed(f"claim {uid}: device(s) {', '.join(missing)} have no UUID yet")
+        sharing = devices[0].config.sharing
+        assert sharing is not None
+        config = sharing.mps or MpsConfig()
+        with self._change("apply", MPS, ",".join(uuids), ",".join(d.device for d in devices)):
+            pid = await self._daemons.start(uid, uuids)
+            started.append(pid)
+            self._with_daemon.add(uid)
+            set_gauge(MPS_DAEMONS, len(self._with_daemon))
+            await record(self._with_pid(intents, pid))
+            crash_point("after-mps-daemon-start")
+            await self._daemons.wait_ready(uid, pid)
+            await self._daemons.apply_limits(uid, limit_commands(config, uuids))
+
+    def _share(self, uid: str) -> cp.MpsShare:
+        dirs = self._daemons.directories(uid)
+        return cp.MpsShare(str(dirs.pipe), str(dirs.log), str(dirs.shm))
+
+    async def _stop_daemon(self, uid: str, intents: tuple[cp.Intent, ...]) -> None:
+        pids = {i.get("pid") for i in intents} - {None}
+        pid = next((p for p in pids if isinstance(p, int)), None)
+        directory = intents[0].string("directory")
+        expected = str(self._daemons.directories(uid).root)
+        if directory != expected:  # written by an agent with another plugin directory
+            log.warning("MPS directory %s of claim %s is not %s", directory, uid, expected)
+        with self._change("restore", MPS, str(intents[0].get("uuid")), intents[0].device):
+            await self._daemons.stop(uid, pid)
+        self._with_daemon.discard(uid)
+        set_gauge(MPS_DAEMONS, len(self._with_daemon))
+
+    def _check_daemons(self, checkpoint: cp.Checkpoint) -> list[str]:
+        """The daemons of completed claims should still run; say which do not."""
+        problems = []
+        for claim in checkpoint.completed():
+            pids = [i.get("pid") for i in claim.intents if i.effector == NAME and i.get("pid")]
+            if not pids or not isinstance(pids[0], int):
+                continue
+            pipe = self._daemons.directories(claim.uid).pipe
+            if not self._daemons.alive(pids[0], pipe):
+                problems.append(
+                    f"claim {claim.uid}: its MPS control daemon (pid {pids[0]}) is not running; "
+                    "its pods cannot start new MPS clients until the claim is prepared again"
+                )
+        return problems
+
+    # -- failure path ---------------------------------------------------------------------
+
+    async def _undo_quietly(
+        self, uid: str, intents: tuple[cp.Intent, ...]
+    ) -> tuple[cp.Intent, ...]:
+        try:
+            await self.undo(uid, intents, ())
+        except EffectFailed as error:
+            log.warning("%s", error)
+            return error.leftover or intents
+        return ()
+
+    # -- telemetry ------------------------------------------------------------------------
+
+    @contextmanager
+    def _change(self, operation: str, strategy: str, gpu: str, device: str) -> Iterator[trace.Span]:
+        """Span ``sharing.<operation>`` and the change counter."""
+        attributes = {"sharing.strategy": strategy, "gpu.uuid": gpu, "k8s.device.name": device}
+        result = "error"
+        with tracer().start_as_current_span(
+            f"sharing.{operation}",
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                yield span
+                result = "success"
+            except BaseException as error:
+                span.set_status(trace.StatusCode.ERROR, str(error) or repr(error))
+                raise
+            finally:
+                span.set_attribute("sharing.result", result)
+                add(SHARING_CHANGES, 1, strategy=strategy, operation=operation, outcome=result)
+
+
+def _strategy(device: cp.PreparedDevice) -> str | None:
+    sharing: Sharing | None = device.config.sharing
+    return None if sharing is None else str(sharing.strategy)
+
+
+def _setting(intent: cp.Intent) -> str | None:
+    """What a recorded intent holds on its GPU (None: nothing on the GPU itself)."""
+    if intent.get("strategy") == TIME_SLICING:
+        return f"{TIME_SLICING}/{intent.get('interval')}"
+    if intent.get("strategy") == MPS and intent.get("kind") == "gpu":
+        return MPS
+    return None
+
+
+def _describe(setting: str) -> str:
+    if setting.startswith(TIME_SLICING):
+        return f"time-slicing with interval {setting.partition('/')[2]}"
+    return "MPS (exclusive-process mode)"
