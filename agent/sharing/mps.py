@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 MPS_DIR = "mps"
 SHM_FALLBACK_BYTES = 64 * 1024 * 1024
 STOP_GRACE_S = 5.0
+MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _MIB = 1024 * 1024
 
 
@@ -158,6 +159,12 @@ class MpsDaemons:
         return await anyio.to_thread.run_sync(self._start, dirs, list(uuids))
 
     def _start(self, dirs: MpsDirectories, uuids: list[str]) -> int:
+        socket_path = dirs.pipe / "control"
+        if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+            raise ToolFailed(
+                f"the MPS control daemon's pipe {socket_path} is longer than a unix socket path "
+                f"may be ({MAX_SOCKET_PATH} bytes); use a shorter plugins directory"
+            )
         for path in (dirs.pipe, dirs.log, dirs.shm):
             path.mkdir(parents=True, exist_ok=True)
         if self._mount_shm and not os.path.ismount(dirs.shm):

@@ -29,14 +29,19 @@ from agent.config import SIMULATED_HOST_DIR
 from agent.hardware.simulated.tools import MPS_FAIL_FILE, read_timeslices
 from agent.node.crash import ENV_VAR, EXIT_STATUS
 from agent.sharing.mps import daemons_of
+from agent.sim.allocation import claim_from_request
+from agent.sim.control import control_socket_path
+from agent.sim.control.client import send_request
 from agent.sim.kubelet import DraCallError
-from tests.integration.conftest import DRIVER, AgentHarness, allocated_devices, gpu_request
+from agent.sim.kubelet.health import DeviceHealthState
+from tests.integration.conftest import DRIVER, NODE, AgentHarness, allocated_devices, gpu_request
 from tests.integration.test_mig import mig_request
 from tests.support.cdi_schema import assert_valid_cdi_spec
 
 pytestmark = pytest.mark.anyio
 DYNAMIC = ("--dynamic-mig", "true")
 DEFAULT, EXCLUSIVE_PROCESS = 0, 3
+HEALTHY, UNHEALTHY = DeviceHealthState.HEALTHY, DeviceHealthState.UNHEALTHY
 
 
 def sharing_config(sharing: dict[str, Any], kind: str = "GpuConfig") -> list[dict[str, Any]]:
@@ -174,6 +179,32 @@ async def test_mps_on_a_dynamic_mig_device(sharing: AgentHarness) -> None:
     assert (await harness.unprepare(ref))[ref.uid].error == ""  # daemon first, then the MIG
     assert daemons_of(pipe) == [] and not mps_dir(harness, ref.uid).exists()
     harness.assert_consistent()
+
+
+async def test_a_health_event_reaches_every_pod_sharing_the_device(sharing: AgentHarness) -> None:
+    harness = await running(sharing)
+    manifest = claim_from_request("shared-mps", gpu_request(), config=MPS)
+    first = await harness.run_pod("worker-a", [manifest])
+    second = await harness.run_pod("worker-b", ["shared-mps"])  # the same claim, shared
+    assert first.errors() == {} and second.errors() == {}
+    ids = first.cdi_device_ids()["shared-mps"]
+    assert second.cdi_device_ids()["shared-mps"] == ids  # one device, one MPS daemon
+    [device] = allocated_devices(first.claims[0])
+    minor = int(device.removeprefix("gpu-"))
+    request = {"op": "xid", "gpu": str(minor), "xid": 79}
+    await send_request(control_socket_path(harness.plugin_dir), request)
+    await harness.kubelet.wait_health(DRIVER, NODE, device, UNHEALTHY, timeout=10)
+    for pod in (first, second):  # each pod's claim result names the unhealthy device
+        [answer] = pod.results[DRIVER].values()
+        [prepared] = answer.devices
+        assert prepared.device_name == device
+        assert harness.kubelet.health(DRIVER, prepared.pool_name, device) == UNHEALTHY
+    await send_request(
+        control_socket_path(harness.plugin_dir), {"op": "recover", "gpu": str(minor)}
+    )
+    await harness.kubelet.wait_health(DRIVER, NODE, device, HEALTHY, timeout=10)
+    await harness.kubelet.end_pod(second)
+    await harness.kubelet.end_pod(first)
 
 
 @pytest.mark.parametrize("failure", ["start", "ready"])
