@@ -208,6 +208,7 @@ class Supervisor:
             boot_id=session.files.boot_id() or "unknown",
             events=events,
             dynamic_mig=config.dynamic_mig,
+            adopt_mig_instances=config.adopt_mig_instances,
             effectors=effectors,
             sharing=True,
         )
@@ -284,6 +285,19 @@ class Supervisor:
         )
         # returns once both sockets exist; a failure to open them is a start-up error
         await self._start_child(group, "kubelet plugin", plugin.run)
+        # the second driver, compute-domain.nvidia.com (agent/imex; --compute-domains)
+        from agent.imex.wiring import serve_compute_domains
+
+        await serve_compute_domains(
+            config,
+            inventory,
+            api_client,
+            claim_reader,
+            node_uid,
+            stack,
+            lambda name, run: self._child(group, name, run),
+            lambda name, run: self._start_child(group, name, run),
+        )
         self._child(
             group,
             "readiness notice",
@@ -341,16 +355,13 @@ def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
     are placements like any other; every other instance found is static (``agent.dra``).
     Made by this agent means a MIG intent of the checkpoint names it: the effector records
     the intent before the instance exists and removes it only once it is gone (a static
-    instance prepared for a claim has live ids in the checkpoint too, but no intent)."""
-    from agent.dra.partitionable import DynamicMig
+    instance prepared for a claim has live ids in the checkpoint too, but no intent). The
+    engine and the MIG effector read the same rule from the checkpoint at startup."""
+    from agent.dra.partitionable import owned_by_intents
 
-    owned = {
-        intent.device
-        for claim in checkpoint.claims.values()
-        for intent in claim.intents
-        if intent.effector == "mig"
-    }
-    return DynamicMig(owned=frozenset(owned), adopt=adopt)
+    return owned_by_intents(
+        ((i.effector, i.device) for c in checkpoint.claims.values() for i in c.intents), adopt
+    )
 
 
 async def _slice_layout_for_server(api_client: Any, configured: str) -> str:

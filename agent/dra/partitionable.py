@@ -30,12 +30,16 @@ agent treats them as its own (it may destroy them), so nothing is held back.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from agent.dra.model import CounterConsumption, CounterSet
 from agent.dra.names import gpu_device_name, mig_device_name
 from agent.hardware.inventory import Gpu, MigDevice, MigPlacement, MigProfile
+
+#: The name of the dynamic MIG device effector (``agent.mig``) in checkpoint intents: the
+#: instances those intents name are the ones the agent made (see :func:`owned_by_intents`).
+MIG_EFFECTOR = "mig"
 
 #: Architectures whose MIG mode can change without a GPU reset.
 _LIVE_MODE_CHANGE = ("Hopper", "Blackwell")
@@ -199,6 +203,15 @@ def instance_name(gpu: Gpu, mig: MigDevice) -> str:
 
 def _overlap(a: MigPlacement, b: MigPlacement) -> bool:
     return a.start < b.start + b.size and b.start < a.start + a.size
+
+
+def owned_by_intents(intents: Iterable[tuple[str, str]], adopt: bool = False) -> DynamicMig:
+    """The ``--dynamic-mig`` settings from a checkpoint's intents, as (effector, device)
+    pairs: the MIG devices named by a MIG intent are the agent's own (it records the intent
+    before it makes the instance and drops it once the instance is gone); every other
+    instance found on a GPU is static unless ``adopt``."""
+    owned = frozenset(device for effector, device in intents if effector == MIG_EFFECTOR)
+    return DynamicMig(owned=owned, adopt=adopt)
 
 
 def partition(gpu: Gpu, *, owned: Collection[str] = (), adopt: bool = False) -> GpuPartition | None:

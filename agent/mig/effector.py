@@ -55,7 +55,14 @@ from typing import TypeVar
 import anyio
 from opentelemetry import trace
 
-from agent.dra.partitionable import MigSlot, is_partitionable, mode_change_without_reset
+from agent.dra.partitionable import (
+    MIG_EFFECTOR,
+    DynamicMig,
+    MigSlot,
+    is_partitionable,
+    mode_change_without_reset,
+    owned_by_intents,
+)
 from agent.hardware import mig_ops
 from agent.hardware.errors import NvmlCallFailed
 from agent.hardware.hostfiles import HostFiles
@@ -71,7 +78,7 @@ from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
 
-NAME = "mig"
+NAME = MIG_EFFECTOR
 #: NVML_ERROR_IN_USE: a process still uses the instance (or a GI still has compute instances).
 IN_USE = 19
 BUSY_BACKOFF_START_S = 0.05
@@ -131,11 +138,8 @@ class MigEffector:
         busy_timeout_s: float = 10.0,
     ) -> None:
         self._ops = ops
-        self._devices = {
-            name: device
-            for name, device in node_devices(inventory, dynamic_mig=True).items()
-            if device.partitionable
-        }
+        self._inventory = inventory
+        self._devices = self._partitionable(DynamicMig(adopt=adopt_instances))
         self._gpus = {gpu.uuid: gpu for gpu in inventory.gpus if is_partitionable(gpu)}
         self._host = HostFiles(host_root)
         self._caps_major = self._host.device_majors().get("nvidia-caps")
@@ -146,6 +150,12 @@ class MigEffector:
         #: (parent UUID, GI id) -> the claim whose instance it is (made by this process, or
         #: recorded in the checkpoint at startup): an intent never destroys another's.
         self._owners: dict[tuple[str, int], str] = {}
+
+    def _partitionable(self, settings: DynamicMig) -> dict[str, NodeDevice]:
+        """The devices this effector makes: the free placements and full GPUs of the
+        partitionable GPUs (a static instance is a static device, not this effector's)."""
+        devices = node_devices(self._inventory, dynamic_mig=settings)
+        return {name: device for name, device in devices.items() if device.partitionable}
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -218,6 +228,14 @@ class MigEffector:
             raise EffectFailed("; ".join(errors), tuple(leftover))
 
     async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
+        # The instances found at startup that the checkpoint's intents name are this agent's
+        # (their placements are its devices again); the others are static.
+        self._devices = self._partitionable(
+            owned_by_intents(
+                ((i.effector, i.device) for c in checkpoint.claims.values() for i in c.intents),
+                self._adopt,
+            )
+        )
         self._owners.clear()
         for claim in checkpoint.completed():
             for device in claim.devices:

@@ -82,6 +82,7 @@ import anyio
 from opentelemetry import trace
 
 from agent.dra import cdi
+from agent.dra.partitionable import owned_by_intents
 from agent.hardware.inventory import Inventory
 from agent.kube.claims import ClaimReader
 from agent.kube.events import EventPoster
@@ -130,11 +131,13 @@ class PrepareEngine:
         lock_timeout_s: float = 10.0,
         driver_root_mount: Path | None = None,
         dynamic_mig: bool = False,
+        adopt_mig_instances: bool = False,
         effectors: Sequence[DeviceEffector] = (),
         sharing: bool = False,
     ) -> None:
         """``dynamic_mig``: partitionable GPUs offer their MIG placements as devices, which
-        an effector of ``effectors`` (``agent.mig``) makes on prepare. ``sharing``: an
+        an effector of ``effectors`` (``agent.mig``) makes on prepare; instances it did not
+        make are static devices unless ``adopt_mig_instances``. ``sharing``: an
         effector applies sharing configs (``agent.sharing``); else they are refused."""
         self.driver = driver
         self.pool = node_name
@@ -146,6 +149,7 @@ class PrepareEngine:
         self._reader = claim_reader
         self._events = events
         self._dynamic_mig = dynamic_mig
+        self._adopt_mig = adopt_mig_instances
         self._sharing = sharing
         self._effects = Effects(effectors)
         self._store = CheckpointStore(self._plugin_dir, boot_id)
@@ -171,21 +175,32 @@ class PrepareEngine:
         has a request in flight; it never waits for that instance to exit.
         """
         await anyio.to_thread.run_sync(self._make_directories)
-        self._facts = await anyio.to_thread.run_sync(
-            functools.partial(
-                HostFacts.read,
-                self.driver,
-                self.pool,
-                self._inventory,
-                self._host_root,
-                self._driver_root,
-                self._driver_files,
-                dynamic_mig=self._dynamic_mig,
-            )
-        )
         async with self._node_lock.hold():
+            loaded = await anyio.to_thread.run_sync(self._store.load)
+            # Which MIG instances are the agent's own is on record (its intents), so the
+            # checkpoint is read before the devices are (static instances stay static).
+            dynamic = self._dynamic_mig and owned_by_intents(
+                (
+                    (i.effector, i.device)
+                    for c in loaded.checkpoint.claims.values()
+                    for i in c.intents
+                ),
+                self._adopt_mig,
+            )
+            self._facts = await anyio.to_thread.run_sync(
+                functools.partial(
+                    HostFacts.read,
+                    self.driver,
+                    self.pool,
+                    self._inventory,
+                    self._host_root,
+                    self._driver_root,
+                    self._driver_files,
+                    dynamic_mig=dynamic,
+                )
+            )
             checkpoint, report = await reconcile(
-                self._store, self._specs, self._facts, self._events, effects=self._effects
+                self._store, self._specs, self._facts, self._events, loaded, self._effects
             )
             self._state = self._committer = CheckpointCommitter(
                 self._store, checkpoint, tidy=self._store.close_retired, driver=self.driver

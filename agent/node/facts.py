@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.dra import cdi
+from agent.dra.partitionable import DynamicMig
 from agent.hardware.hostfiles import HostFiles
 from agent.hardware.inventory import Inventory
 from agent.node.checkpoint import MigInstance, PreparedDevice
@@ -52,7 +53,7 @@ class HostFacts:
         driver_root: Path,
         driver_files: Path | None = None,
         *,
-        dynamic_mig: bool = False,
+        dynamic_mig: bool | DynamicMig = False,
     ) -> HostFacts:
         """Read ``/proc`` under ``host_root`` and the driver's files under ``driver_files``
         (where this process sees the driver root; default ``driver_root``), naming them in the

@@ -23,7 +23,7 @@ from agent.dra.config import (
 )
 from agent.dra.devices import publishable_mig_devices
 from agent.dra.names import gpu_device_name, mig_device_name
-from agent.dra.partitionable import MigSlot, is_partitionable, mig_slots, publishes_full_gpu
+from agent.dra.partitionable import DynamicMig, MigSlot, partition
 from agent.errors import AgentError
 from agent.hardware.inventory import Gpu, Inventory, MigDevice
 from agent.node.types import ClaimRef
@@ -47,16 +47,27 @@ class NodeDevice:
     partitionable: bool = False
 
 
-def node_devices(inventory: Inventory, *, dynamic_mig: bool = False) -> dict[str, NodeDevice]:
-    """Every allocatable device of ``inventory`` by name (the same rule as ``dra.devices``)."""
+def node_devices(
+    inventory: Inventory, *, dynamic_mig: bool | DynamicMig = False
+) -> dict[str, NodeDevice]:
+    """Every allocatable device of ``inventory`` by name (the same rule as ``dra.devices``).
+
+    ``dynamic_mig`` (True, or the settings with the instances the agent owns): partitionable
+    GPUs offer the full GPU (unless static instances hold part of it) and every placement
+    still free as devices made on prepare; a static instance (one the agent did not make) is
+    a static MIG device, prepared as without the flag and never destroyed."""
+    settings = DynamicMig() if dynamic_mig is True else dynamic_mig or None
     found: dict[str, NodeDevice] = {}
     for gpu in inventory.gpus:
-        if dynamic_mig and is_partitionable(gpu):
-            if publishes_full_gpu(gpu):
+        parts = partition(gpu, owned=settings.owned, adopt=settings.adopt) if settings else None
+        if parts is not None:
+            if parts.full_gpu:
                 name = gpu_device_name(gpu.minor)
                 found[name] = NodeDevice(name, "gpu", gpu, partitionable=True)
-            for slot in mig_slots(gpu):
+            for slot in parts.slots:
                 found[slot.name] = NodeDevice(slot.name, "mig", gpu, slot=slot, partitionable=True)
+            for name, mig in parts.static.items():
+                found[name] = NodeDevice(name, "mig", gpu, mig)
             continue
         if not gpu.mig_enabled:
             found[gpu_device_name(gpu.minor)] = NodeDevice(gpu_device_name(gpu.minor), "gpu", gpu)

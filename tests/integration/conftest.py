@@ -248,11 +248,19 @@ class AgentHarness:
         return await self.agent.stop()
 
     async def wait_slices(self, timeout: float = 10.0) -> list[dict[str, Any]]:  # noqa: ASYNC109
-        """This node's ResourceSlices, once the publisher has written some."""
+        """This node's ResourceSlices, once the publisher has written a whole pool (every
+        slice of one generation: a pool of several slices is written one slice at a time)."""
         selector = f"spec.nodeName={NODE},spec.driver={DRIVER}"
 
         def published() -> list[dict[str, Any]]:
-            return self.server.list_objects("resourceslices", field_selector=selector)
+            found = self.server.list_objects("resourceslices", field_selector=selector)
+            pools = {
+                (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"])
+                for s in found
+            }
+            if len(pools) != 1 or len(found) != next(iter(pools))[1]:
+                return []
+            return found
 
         with anyio.fail_after(timeout):
             while not (found := published()):  # noqa: ASYNC110

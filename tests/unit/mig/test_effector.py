@@ -63,7 +63,10 @@ class MigNode:
         return MigEffector(self.ops, self.node.host.inventory, self.node.host.root, **options)
 
     async def engine(self, **options: Any) -> PrepareEngine:
-        engine = self.node.engine(dynamic_mig=True, effectors=[self.effector(**options)])
+        adopt = bool(options.get("adopt_instances"))
+        engine = self.node.engine(
+            dynamic_mig=True, adopt_mig_instances=adopt, effectors=[self.effector(**options)]
+        )
         await engine.start()
         return engine
 
@@ -380,20 +383,32 @@ async def test_reconfigure_spans_nest_under_the_claim_and_metrics_count(
 @pytest.mark.parametrize("profile", ["dgx-a100"])
 async def test_ampere_with_mig_on_keeps_mig_mode_and_its_static_instances(mig: MigNode) -> None:
     """dgx-a100 has MIG on and every GPU full of static instances: placements only (no full
-    GPU device), an occupied placement names the static instance, adoption frees them, and
-    MIG mode stays on (an Ampere GPU needs a reset to switch it)."""
-    static = [gi.id for gi in mig.layout(4).instances]
+    GPU device); a static instance is a static device (prepared with its live ids, never
+    destroyed); a placement a static instance overlaps is not a device; adoption frees them,
+    and MIG mode stays on (an Ampere GPU needs a reset to switch it)."""
+    layout = mig.layout(4)
+    static = [gi.id for gi in layout.instances]
     assert len(static) == 3
     engine = await mig.engine()
     try:
+        assert engine.facts is not None
+        devices = engine.facts.devices
+        [static_name] = [n for n, d in devices.items() if d.mig is not None and d.gpu.minor == 4][
+            :1
+        ]
+        assert devices[static_name].slot is None and not devices[static_name].partitionable
         whole = await mig.node.claim("whole", ["gpu-4"])
         error = await prepare(engine, whole)
         assert error is not None and "do not exist on this node" in error
         ref = await mig.node.claim("a100", ["gpu-4-mig-3g40gb-9-4"])
         error = await prepare(engine, ref)
-        assert error is not None and "not made by this agent" in error
+        assert error is not None and "do not exist on this node" in error  # held back
+        used = await mig.node.claim("static", [static_name])
+        assert await prepare(engine, used) is None  # as without --dynamic-mig
+        assert await engine.unprepare([used]) == {used.uid: None}
     finally:
         await engine.close()
+    assert mig.layout(4) == layout  # the static instances were left as they were
     assert [gi.id for gi in mig.layout(4).instances] == static
     engine = await mig.engine(adopt_instances=True)  # the operator lets the agent have them
     try:

@@ -83,6 +83,7 @@ class Node:
         boot_id: str | None = None,
         lock_timeout_s: float = 5.0,
         dynamic_mig: bool = False,
+        adopt_mig_instances: bool = False,
         effectors: Sequence[DeviceEffector] = (),
     ) -> PrepareEngine:
         return PrepareEngine(
@@ -98,6 +99,7 @@ class Node:
             events=self.events,
             lock_timeout_s=lock_timeout_s,
             dynamic_mig=dynamic_mig,
+            adopt_mig_instances=adopt_mig_instances,
             effectors=effectors,
         )
 
