@@ -54,6 +54,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agent.probe",
         "check that a running agent answers the kubelet (for liveness and startup probes)",
     ),
+    "controller": (
+        "agent.imex.controller",
+        "run the ComputeDomain controller: claim templates, finalizers, status (one leader)",
+    ),
 }
 SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "apiserver": (

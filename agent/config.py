@@ -10,6 +10,7 @@ config file and checking that named files exist.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
@@ -36,6 +37,11 @@ _MAX_DRIVER_NAME_LENGTH = 63
 #: ``auto`` reads the API server's version (1.34: ``combined``, one slice per GPU with its
 #: counters and devices; 1.35+: ``split``, a counters-only slice plus device slices).
 SLICE_LAYOUTS = ("auto", "combined", "split")
+#: ``--compute-domains``: serve compute-domain.nvidia.com where the GPUs share a fabric clique
+#: (``auto``), always (``on``: a node without a clique publishes no channel) or never.
+COMPUTE_DOMAIN_MODES = ("auto", "on", "off")
+#: The kubelet gives a prepare 45 s; waiting for the IMEX daemon must end well before.
+MAX_IMEX_READY_TIMEOUT_S = 40.0
 _INSTANCE_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
@@ -86,6 +92,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("slice-layout", "GPU_DRA_SLICE_LAYOUT", "auto"),
     Setting("adopt-mig-instances", "GPU_DRA_ADOPT_MIG_INSTANCES", "false"),
     Setting("mig-mode-off-when-idle", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE", "true"),
+    # ComputeDomains: the compute-domain.nvidia.com driver (docs/OPERATIONS.md, "ComputeDomains")
+    Setting("compute-domains", "GPU_DRA_COMPUTE_DOMAINS", "auto"),
+    Setting("imex-daemon-cmd", "GPU_DRA_IMEX_DAEMON_CMD", "nvidia-imex"),
+    Setting("imex-ready-timeout-seconds", "GPU_DRA_IMEX_READY_TIMEOUT_SECONDS", "20"),
+    Setting("node-ip", "NODE_IP", None),
+    Setting("sim-fabric-dir", "GPU_DRA_SIM_FABRIC_DIR", None, is_path=True),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -113,6 +125,12 @@ class AgentConfig:
     slice_layout: str = "auto"  # one of SLICE_LAYOUTS
     adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
     mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
+    # ComputeDomains (agent/imex): the second driver, compute-domain.nvidia.com
+    compute_domains: str = "auto"  # one of COMPUTE_DOMAIN_MODES
+    imex_daemon_cmd: str = "nvidia-imex"
+    imex_ready_timeout_s: float = 20.0
+    node_ip: str | None = None  # where this node's IMEX daemon listens; else the Node's address
+    sim_fabric_dir: Path | None = None  # simulated IMEX peers find each other here
 
     @property
     def driver_files(self) -> Path:
@@ -134,6 +152,12 @@ class AgentConfig:
     def registration_socket(self) -> Path:
         suffix = f"-{self.instance_id}" if self.instance_id else ""
         return self.registrar_dir / f"{self.driver_name}{suffix}-reg.sock"
+
+    def sockets_of(self, driver: str) -> tuple[Path, Path]:
+        """(DRA socket, registration socket) of another driver this process serves
+        (compute-domain.nvidia.com), named like this driver's."""
+        other = dataclasses.replace(self, driver_name=driver)
+        return other.dra_socket, other.registration_socket
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +320,13 @@ def load_config(
         slice_layout=_choice(values["slice-layout"], SLICE_LAYOUTS),
         adopt_mig_instances=_boolean(values["adopt-mig-instances"]),
         mig_mode_off_when_idle=_boolean(values["mig-mode-off-when-idle"]),
+        compute_domains=_choice(values["compute-domains"], COMPUTE_DOMAIN_MODES),
+        imex_daemon_cmd=_command(values["imex-daemon-cmd"]),
+        imex_ready_timeout_s=_seconds(
+            values["imex-ready-timeout-seconds"], MAX_IMEX_READY_TIMEOUT_S
+        ),
+        node_ip=_ip(values["node-ip"]) if "node-ip" in values else None,
+        sim_fabric_dir=_absolute(values["sim-fabric-dir"]) if "sim-fabric-dir" in values else None,
     )
     _check_socket_length(
         config.dra_socket, f"{values['plugins-dir'].source}, the driver name or the instance id"
@@ -321,6 +352,38 @@ def _choice(value: _Value, choices: tuple[str, ...]) -> str:
     if text not in choices:
         raise ConfigError(f"{value.source} {value.value!r} is not one of {', '.join(choices)}")
     return text
+
+
+def _command(value: _Value) -> str:
+    text = value.value.strip()
+    if not text:
+        raise ConfigError(f"{value.source} is empty; name the IMEX daemon, e.g. nvidia-imex")
+    return text
+
+
+def _seconds(value: _Value, maximum: float) -> float:
+    try:
+        seconds = float(value.value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= maximum:
+        raise ConfigError(
+            f"{value.source} {value.value!r} is not a number of seconds in (0, {maximum:g}] "
+            "(the kubelet's deadline for a prepare is 45 s)"
+        )
+    return seconds
+
+
+def _ip(value: _Value) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value.value.strip()))
+    except ValueError:
+        raise ConfigError(
+            f"{value.source} {value.value!r} is not an IP address (in a DaemonSet, take it "
+            "from the downward API field status.hostIP)"
+        ) from None
 
 
 def _host_port(value: _Value) -> tuple[str, int]:

@@ -17,7 +17,9 @@ EPILOG = """\
 environment variables (used when the flag is absent): NODE_NAME, KUBECONFIG,
 KUBELET_REGISTRAR_DIRECTORY_PATH, KUBELET_PLUGINS_DIRECTORY_PATH, CDI_ROOT,
 NVIDIA_DRIVER_ROOT, GPU_DRA_SIMULATE, POD_UID, GPU_DRA_METRICS_ADDRESS, GPU_DRA_DYNAMIC_MIG,
-GPU_DRA_SLICE_LAYOUT, GPU_DRA_ADOPT_MIG_INSTANCES, GPU_DRA_MIG_MODE_OFF_WHEN_IDLE; tracing and metrics
+GPU_DRA_SLICE_LAYOUT, GPU_DRA_ADOPT_MIG_INSTANCES, GPU_DRA_MIG_MODE_OFF_WHEN_IDLE,
+GPU_DRA_COMPUTE_DOMAINS, GPU_DRA_IMEX_DAEMON_CMD, GPU_DRA_IMEX_READY_TIMEOUT_SECONDS, NODE_IP,
+GPU_DRA_SIM_FABRIC_DIR; tracing and metrics
 push: the standard OTEL_* variables (docs/OBSERVABILITY.md).
 
 example (no GPU, no cluster):
@@ -118,6 +120,39 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="true|false",
         help="with --dynamic-mig: turn MIG mode off on a Hopper or newer GPU when its last "
         "instance is gone [GPU_DRA_MIG_MODE_OFF_WHEN_IDLE] (default: true)",
+    )
+    add(
+        "--compute-domains",
+        metavar="auto|on|off",
+        help="serve the compute-domain.nvidia.com driver (ComputeDomains over IMEX): auto where "
+        "the GPUs share a fabric clique, on always (a node without a clique publishes no "
+        "channel), off never [GPU_DRA_COMPUTE_DOMAINS] (default: auto)",
+    )
+    add(
+        "--imex-daemon-cmd",
+        metavar="CMD",
+        help="the IMEX daemon to run for a ComputeDomain (a name is looked for in the driver "
+        "root's usr/bin, then on PATH; nvidia-imex-ctl is taken from the same place) "
+        "[GPU_DRA_IMEX_DAEMON_CMD] (default: nvidia-imex)",
+    )
+    add(
+        "--imex-ready-timeout-seconds",
+        metavar="N",
+        help="how long a channel prepare waits for the IMEX daemon to be READY before it "
+        "fails (retryably) [GPU_DRA_IMEX_READY_TIMEOUT_SECONDS] (default: 20, at most 40)",
+    )
+    add(
+        "--node-ip",
+        metavar="IP",
+        help="the address this node's IMEX daemon listens on [NODE_IP] (default: the Node's "
+        "InternalIP)",
+    )
+    add(
+        "--sim-fabric-dir",
+        metavar="DIR",
+        help="with --simulate: the directory simulated IMEX daemons of several agents share to "
+        "find each other [GPU_DRA_SIM_FABRIC_DIR] (default: <plugins-dir>/"
+        "compute-domain.nvidia.com/sim-fabric)",
     )
 
 

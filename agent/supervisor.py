@@ -285,6 +285,19 @@ class Supervisor:
         )
         # returns once both sockets exist; a failure to open them is a start-up error
         await self._start_child(group, "kubelet plugin", plugin.run)
+        # the second driver, compute-domain.nvidia.com (agent/imex; --compute-domains)
+        from agent.imex.wiring import serve_compute_domains
+
+        await serve_compute_domains(
+            config,
+            inventory,
+            api_client,
+            claim_reader,
+            node_uid,
+            stack,
+            lambda name, run: self._child(group, name, run),
+            lambda name, run: self._start_child(group, name, run),
+        )
         self._child(
             group,
             "readiness notice",

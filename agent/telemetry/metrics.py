@@ -151,6 +151,30 @@ SHARING_CHANGES = _meter.create_counter(
 MPS_DAEMONS = _meter.create_gauge(
     "gpu_dra_mps_daemons", "{daemon}", "MPS control daemons this agent runs for prepared claims"
 )
+IMEX_DAEMON_STATE = _meter.create_gauge(
+    "gpu_dra_imex_daemon_state",
+    "{daemon}",
+    "the node's IMEX daemon (ComputeDomains): 1 for its current state (stopped, starting, "
+    "running, backoff), 0 for the others",
+)
+IMEX_DAEMON_RESTARTS = _meter.create_counter(
+    "gpu_dra_imex_daemon_restarts",
+    "{restart}",
+    "IMEX daemon restarts, by reason (crash: it exited; config: the domain's nodes changed)",
+)
+IMEX_DOMAIN_CHANGES = _meter.create_counter(
+    "gpu_dra_imex_domain_changes",
+    "{change}",
+    "this node joining (join) or leaving (leave) a ComputeDomain",
+)
+
+#: The ComputeDomain metrics: exported only by an agent serving compute-domain.nvidia.com
+#: (a node with a fabric clique), so they are listed apart from :data:`PROMETHEUS_NAMES`.
+IMEX_NAMES: Final = (
+    "gpu_dra_imex_daemon_state",
+    "gpu_dra_imex_daemon_restarts_total",
+    "gpu_dra_imex_domain_changes_total",
+)
 
 #: Every metric the agent exports to Prometheus, by its exported name (docs/OBSERVABILITY.md).
 #: ``gpu_dra_trace_spans_dropped_total`` is created by the span processor

@@ -145,6 +145,13 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
         "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain", True,
         status_subresource=True, custom=True, validators=(validate_metadata,),
     ),
+    ResourceKind(
+        "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
+        validators=(validate_metadata,),
+    ),
+    ResourceKind(
+        "coordination.k8s.io", "v1", "leases", "Lease", True, validators=(validate_metadata,),
+    ),
 )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from agent.sim.apiserver.selectors import Selector
 
 Obj = dict[str, Any]
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the apiserver's: no vowels, no look-alikes
-_SERVER_FIELDS = ("uid", "creationTimestamp", "resourceVersion", "generation")
+_SERVER_FIELDS = ("uid", "creationTimestamp", "resourceVersion", "generation", "deletionTimestamp")
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,10 @@ class ObjectStore:
         if obj == old:
             return old  # a no-op write does not take a new resourceVersion, as in the real server
         key = (meta.get("namespace", ""), name)
-        return self._commit(kind, key, "MODIFIED", obj, old)
+        stored = self._commit(kind, key, "MODIFIED", obj, old)
+        if stored["metadata"].get("deletionTimestamp") and not stored["metadata"].get("finalizers"):
+            self._remove(kind, key, stored)  # the last finalizer went: the deletion completes
+        return stored
 
     def delete(
         self,
@@ -184,7 +187,8 @@ class ObjectStore:
         name: str,
         preconditions: Obj | None = None,
     ) -> Obj:
-        """Delete and return the object as it was last stored (no finalizers, no grace period)."""
+        """Delete and return the object as it was last stored; an object with finalizers is
+        only marked (``deletionTimestamp``) and goes when an update removes the last one."""
         old = self.get(kind, namespace, name)
         pre = preconditions or {}
         for field_name, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
@@ -199,13 +203,22 @@ class ObjectStore:
                     kind=kind.plural,
                 )
         key = (namespace or "", name)
+        if old["metadata"].get("finalizers"):  # graceful: marked, gone once they are removed
+            if old["metadata"].get("deletionTimestamp"):
+                return old
+            marked = copy.deepcopy(old)
+            marked["metadata"]["deletionTimestamp"] = now_rfc3339()
+            return self._commit(kind, key, "MODIFIED", marked, old)
+        self._remove(kind, key, old)
+        return old
+
+    def _remove(self, kind: ResourceKind, key: tuple[str, str], old: Obj) -> None:
         del self._objects[kind.key][key]
         self._rv += 1
         gone = copy.deepcopy(old)
         gone["metadata"]["resourceVersion"] = str(self._rv)
         self._publish(StoreEvent(self._rv, kind, "DELETED", gone, old))
         self._collect_dependents(old["metadata"]["uid"])
-        return old
 
     def _collect_dependents(self, owner_uid: str) -> None:
         """Background cascading deletion: objects owned (ownerReferences) by a deleted object go too."""

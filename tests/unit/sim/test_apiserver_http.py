@@ -226,7 +226,11 @@ async def test_other_kinds_and_discovery(http: aiohttp.ClientSession) -> None:
     _, version = await call(http, "GET", "/version")
     assert version["gitVersion"] == "v1.35.0"
     _, groups = await call(http, "GET", "/apis")
-    assert {g["name"] for g in groups["groups"]} == {"resource.k8s.io", "resource.nvidia.com"}
+    assert {g["name"] for g in groups["groups"]} == {
+        "resource.k8s.io",
+        "resource.nvidia.com",
+        "coordination.k8s.io",
+    }
     _, core = await call(http, "GET", "/api/v1")
     assert {r["name"] for r in core["resources"]} == {"nodes", "nodes/status", "events"}
     _, api = await call(http, "GET", "/api")

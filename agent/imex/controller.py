@@ -1,0 +1,299 @@
+"""``gpu-dra-agent controller``: turns each ComputeDomain into what its users need.
+
+For every ComputeDomain (in any namespace) the controller ensures:
+
+- the finalizer ``resource.nvidia.com/computeDomain``, so that a deleted domain stays until
+  its nodes have left;
+- the ResourceClaimTemplate named in ``spec.channel.resourceClaimTemplate.name``, in the
+  domain's namespace: one request ``channel`` for the DeviceClass
+  ``compute-domain-default-channel.nvidia.com`` with an opaque ``ComputeDomainChannelConfig``
+  (the domain's uid and allocation mode), owned by the domain;
+- ``status.status``: ``Ready`` when at least ``numNodes`` nodes joined and every joined node is
+  Ready (with ``numNodes: 0``, when at least one joined and all are), else ``NotReady``.
+
+On deletion it removes the template, waits for the node agents to remove their entries (each
+does on the unprepare of its last claim of the domain), then drops the finalizer.
+
+One replica is active: the holder of the Lease ``gpu-dra-agent-controller`` in
+``--lease-namespace`` (renewed every third of its 15 s duration; taken over once it has not
+been renewed for a whole duration; a leader that cannot renew in time exits, and its
+Deployment restarts it as a standby). Domains are re-read every ``--resync-seconds`` (a list
+of one kind; a poll, not a watch, which is cheap at the scale of ComputeDomains: a few per
+namespace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agent.dra.config import API_VERSION
+from agent.errors import AgentError
+from agent.imex.config import DRIVER, AllocationMode, ChannelConfig
+from agent.imex.domains import DomainApi, domain_ref, node_entries
+from agent.kube.rawapi import ApiStatusError
+
+log = logging.getLogger("agent.imex.controller")
+
+FINALIZER = "resource.nvidia.com/computeDomain"
+CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
+LEASE_NAME = "gpu-dra-agent-controller"
+Obj = dict[str, Any]
+
+
+def configure_parser(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--kubeconfig", type=Path, help="kubeconfig file [KUBECONFIG] (default: in-cluster)")
+    add(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE") or "gpu-dra-agent",
+        help="namespace of the leader-election Lease [POD_NAMESPACE] (default: gpu-dra-agent)",
+    )
+    add(
+        "--identity",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        help="this replica's name in the Lease [POD_NAME] (default: host name and pid)",
+    )
+    add("--lease-seconds", type=float, default=15.0, help="the Lease's duration (default: 15)")
+    add(
+        "--resync-seconds",
+        type=float,
+        default=1.0,
+        help="how often every ComputeDomain is read again (default: 1)",
+    )
+
+
+async def run(args: argparse.Namespace) -> int:
+    from agent.kube.client import create_api_client
+
+    kubeconfig = args.kubeconfig or (
+        Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
+    )
+    api_client = await create_api_client(kubeconfig)
+    try:
+        controller = Controller(
+            DomainApi(api_client, component="gpu-dra-agent-controller"),
+            identity=args.identity,
+            lease_namespace=args.lease_namespace,
+            lease_seconds=args.lease_seconds,
+            resync_seconds=args.resync_seconds,
+        )
+        await controller.run()
+    finally:
+        await api_client.close()
+    return 0
+
+
+def channel_template(domain: Obj) -> Obj:
+    """The ResourceClaimTemplate of a domain (owned by it: it goes when the domain goes)."""
+    meta, spec = domain["metadata"], domain.get("spec") or {}
+    channel = spec.get("channel") or {}
+    mode = AllocationMode(channel.get("allocationMode") or "Single")
+    config = ChannelConfig(meta["uid"], mode)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": channel["resourceClaimTemplate"]["name"],
+            "namespace": meta["namespace"],
+            "labels": {"resource.nvidia.com/computeDomain": meta["uid"]},
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "ComputeDomain",
+                    "name": meta["name"],
+                    "uid": meta["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "channel", "exactly": {"deviceClassName": CHANNEL_CLASS}}
+                    ],
+                    "config": [
+                        {
+                            "requests": ["channel"],
+                            "opaque": {"driver": DRIVER, "parameters": config.to_dict()},
+                        }
+                    ],
+                }
+            }
+        },
+    }
+
+
+def domain_status(domain: Obj) -> str:
+    """``Ready`` or ``NotReady`` (module docstring)."""
+    entries = node_entries(domain)
+    wanted = int((domain.get("spec") or {}).get("numNodes") or 0)
+    ready = bool(entries) and len(entries) >= wanted and all(e.status == "Ready" for e in entries)
+    return "Ready" if ready else "NotReady"
+
+
+class Controller:
+    def __init__(
+        self,
+        api: DomainApi,
+        *,
+        identity: str,
+        lease_namespace: str,
+        lease_seconds: float = 15.0,
+        resync_seconds: float = 1.0,
+    ) -> None:
+        self.api = api
+        self.identity = identity
+        self.lease_namespace = lease_namespace
+        self.lease_seconds = lease_seconds
+        self.resync_seconds = resync_seconds
+        self._renewed = 0.0
+        self._waiting: set[str] = set()
+
+    async def run(self) -> None:
+        log.info("waiting to lead", extra={"identity": self.identity, "lease": LEASE_NAME})
+        while not await self._try_lease():  # noqa: ASYNC110 - the Lease is remote
+            await anyio.sleep(min(2.0, self.lease_seconds / 3))
+        log.info("leading: reconciling ComputeDomains", extra={"identity": self.identity})
+        async with anyio.create_task_group() as group:
+            group.start_soon(self._keep_lease, group)
+            while True:
+                try:
+                    await self.reconcile_all()
+                except Exception as error:  # logged; the next pass tries again
+                    log.warning("reconciling ComputeDomains failed: %s", error)
+                await anyio.sleep(self.resync_seconds)
+
+    # -- leader election --------------------------------------------------------------------
+
+    async def _try_lease(self) -> bool:
+        now = datetime.now(UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        try:
+            lease = await self.api.get_lease(self.lease_namespace, LEASE_NAME)
+            if lease is None:
+                body = {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": LEASE_NAME, "namespace": self.lease_namespace},
+                    "spec": {
+                        "holderIdentity": self.identity,
+                        "leaseDurationSeconds": int(self.lease_seconds),
+                        "acquireTime": stamp,
+                        "renewTime": stamp,
+                        "leaseTransitions": 0,
+                    },
+                }
+                await self.api.create_lease(self.lease_namespace, body)
+            else:
+                spec = lease.setdefault("spec", {})
+                holder = spec.get("holderIdentity")
+                renewed = _parse_time(spec.get("renewTime"))
+                duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
+                if holder not in (None, "", self.identity) and renewed is not None:
+                    if now < renewed + timedelta(seconds=duration):
+                        return False
+                if holder != self.identity:
+                    spec["acquireTime"] = stamp
+                    spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
+                spec.update(
+                    holderIdentity=self.identity,
+                    renewTime=stamp,
+                    leaseDurationSeconds=int(self.lease_seconds),
+                )
+                await self.api.replace_lease(self.lease_namespace, lease)
+        except ApiStatusError as error:
+            if error.code == 409:
+                return False  # another replica wrote it first
+            raise
+        self._renewed = anyio.current_time()
+        return True
+
+    async def _keep_lease(self, group: Any) -> None:
+        while True:
+            await anyio.sleep(self.lease_seconds / 3)
+            try:
+                if await self._try_lease():
+                    continue
+            except Exception as error:
+                log.warning("renewing the Lease failed: %s", error)
+            if anyio.current_time() - self._renewed > self.lease_seconds:
+                raise AgentError(
+                    f"lost the Lease {self.lease_namespace}/{LEASE_NAME}: not renewed for "
+                    f"{self.lease_seconds:g} s; exiting so that a standby can lead"
+                )
+
+    # -- reconciliation ---------------------------------------------------------------------
+
+    async def reconcile_all(self) -> None:
+        for domain in await self.api.list_all():
+            try:
+                await self.reconcile(domain)
+            except ApiStatusError as error:
+                if error.code not in (404, 409):  # gone or changed: the next pass sees it
+                    raise
+
+    async def reconcile(self, domain: Obj) -> None:
+        meta = domain["metadata"]
+        ref = domain_ref(domain)
+        finalizers = list(meta.get("finalizers") or [])
+        template = ((domain.get("spec") or {}).get("channel") or {}).get(
+            "resourceClaimTemplate"
+        ) or {}
+        template_name = template.get("name")
+        if meta.get("deletionTimestamp"):
+            if template_name and await self.api.delete_template(ref.namespace, template_name):
+                log.info("deleted ResourceClaimTemplate %s/%s", ref.namespace, template_name)
+            if node_entries(domain):
+                if ref.uid not in self._waiting:
+                    self._waiting.add(ref.uid)
+                    names = ", ".join(e.name for e in node_entries(domain))
+                    log.info("%s is being deleted; waiting for its nodes to leave: %s", ref, names)
+                return
+            if FINALIZER in finalizers:
+                meta["finalizers"] = [f for f in finalizers if f != FINALIZER]
+                await self.api.replace(domain)
+                self._waiting.discard(ref.uid)
+                log.info("%s: every node left; finalizer removed", ref)
+            return
+        if FINALIZER not in finalizers:
+            meta["finalizers"] = [*finalizers, FINALIZER]
+            domain = await self.api.replace(domain)
+        if template_name and await self.api.get_template(ref.namespace, template_name) is None:
+            await self.api.create_template(ref.namespace, channel_template(domain))
+            log.info(
+                "created ResourceClaimTemplate %s/%s for %s", ref.namespace, template_name, ref
+            )
+            await self.api.event(
+                ref, "Normal", "TemplateCreated",
+                f"ResourceClaimTemplate {template_name} requests an IMEX channel of this domain",
+            )  # fmt: skip
+        wanted = domain_status(domain)
+        status = dict(domain.get("status") or {})
+        if status.get("status") != wanted:
+            previous = status.get("status")
+            status["status"] = wanted
+            await self.api.set_status(domain, status)
+            log.info("%s is %s", ref, wanted)
+            if previous is not None or wanted == "Ready":
+                await self.api.event(ref, "Normal", wanted, f"the domain is {wanted}")
+
+
+def _parse_time(text: Any) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    for layout in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
+        try:
+            return datetime.strptime(text, layout).replace(tzinfo=UTC)
+        except ValueError:
+            continue
+    return None

@@ -1,0 +1,332 @@
+"""The node's IMEX daemon: rendered config, a supervised child process, readiness.
+
+One node serves one ComputeDomain at a time, so the agent runs at most one daemon. Its files
+live in ``<plugins-dir>/compute-domain.nvidia.com/domains/<domain uid>/``:
+
+- ``imexd.cfg``: the daemon's settings (``KEY=VALUE``), naming the node list file, the
+  address this node's daemon binds and the ports;
+- ``nodes_config.cfg``: the addresses of the domain's nodes in this node's clique, one a line,
+  in index order;
+- ``imex.pid``: the running daemon's pid, so that an agent restarted after ``kill -9`` finds
+  the daemon its predecessor left running and replaces it (never a second daemon).
+
+:class:`ImexDaemon` runs the daemon as a child of the agent (``--imex-daemon-cmd -c
+imexd.cfg``, in a session of its own): every line it prints goes into the agent's log; when
+it exits it is started again with exponential backoff (0.5 s doubling to 30 s, reset after a
+minute of running); when the rendered config changes (a node joined or left) it is stopped
+(SIGTERM, then SIGKILL after 5 s) and started with the new one. Readiness is what
+``nvidia-imex-ctl -c imexd.cfg -q`` says (``READY``), polled every 0.25 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from anyio.abc import Process, TaskStatus
+
+from agent.node.durable import write_atomic
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "imexd.cfg"
+NODES_FILE = "nodes_config.cfg"
+PID_FILE = "imex.pid"
+SERVER_PORT = 50000
+CMD_PORT = 50005
+STOP_GRACE_S = 5.0
+QUERY_TIMEOUT_S = 5.0
+BACKOFF_INITIAL_S = 0.5
+BACKOFF_MAX_S = 30.0
+STABLE_S = 60.0
+
+
+def render_config(directory: Path, own_ip: str, peers: Sequence[str]) -> dict[str, str]:
+    """The daemon's files (name -> text) for a domain whose nodes in this clique are
+    ``peers`` (addresses in index order)."""
+    settings = [
+        "# rendered by gpu-dra-agent; rewritten when the domain's nodes change",
+        f"IMEX_NODE_CONFIG_FILE={directory / NODES_FILE}",
+        f"IMEX_CMD_BIND_INTERFACE_IP={own_ip}",
+        f"SERVER_PORT={SERVER_PORT}",
+        f"IMEX_CMD_PORT={CMD_PORT}",
+        "IMEX_CMD_ENABLED=1",
+        "IMEX_WAIT_FOR_QUORUM=RECOVERY",
+        "LOG_FILE_NAME=",
+        "LOG_LEVEL=2",
+    ]
+    return {CONFIG_FILE: "\n".join(settings) + "\n", NODES_FILE: "".join(f"{p}\n" for p in peers)}
+
+
+@dataclass
+class DaemonStatus:
+    domain: str | None = None
+    state: str = "stopped"  # stopped | starting | running | backoff
+    restarts: int = 0
+    pid: int | None = None
+    last_exit: str = ""
+
+
+class ImexDaemon:
+    """Runs the IMEX daemon of the domain this node serves (module docstring).
+
+    ``await task_group.start(daemon.run)`` keeps it supervised; ``configure`` and ``stop``
+    say what should run. ``on_change(status, reason)`` is told of every start, exit and stop
+    (metrics)."""
+
+    def __init__(
+        self,
+        domains_dir: Path,
+        command: Sequence[str],
+        ctl_command: Sequence[str],
+        *,
+        on_change: Callable[[DaemonStatus, str], None] | None = None,
+        backoff_initial: float = BACKOFF_INITIAL_S,
+    ) -> None:
+        self.domains_dir = Path(domains_dir)
+        self.command = list(command)
+        self.ctl_command = list(ctl_command)
+        self.status = DaemonStatus()
+        self.output: deque[str] = deque(maxlen=20)
+        self._on_change = on_change or (lambda status, reason: None)
+        self._backoff_initial = backoff_initial
+        self._generation = 0
+        self._wake = anyio.Event()
+        self._stopped = anyio.Event()
+        self._stopped.set()
+        self._process: Process | None = None
+
+    def directory(self, domain: str) -> Path:
+        return self.domains_dir / domain
+
+    def config_path(self, domain: str) -> Path:
+        return self.directory(domain) / CONFIG_FILE
+
+    # -- what should run ------------------------------------------------------------------
+
+    def configure(self, domain: str, own_ip: str, peers: Sequence[str]) -> bool:
+        """Render the domain's config (blocking file writes, fsynced) and make sure its daemon
+        runs with it; True when the config changed (the daemon is restarted)."""
+        directory = self.directory(domain)
+        directory.mkdir(parents=True, exist_ok=True)
+        changed = False
+        for name, text in render_config(directory, own_ip, peers).items():
+            path = directory / name
+            try:
+                same = path.read_text() == text
+            except FileNotFoundError:
+                same = False
+            if not same:
+                write_atomic(path, text.encode())
+                changed = True
+        if changed or self.status.domain != domain:
+            self.status.domain = domain
+            self._generation += 1
+            self._stopped = anyio.Event()
+            self._wake.set()
+        return changed
+
+    async def stop(self, domain: str, timeout: float = STOP_GRACE_S + 2) -> None:  # noqa: ASYNC109
+        """Stop the domain's daemon (if it is the one running) and remove its directory."""
+        if self.status.domain == domain:
+            self.status.domain = None
+            self._generation += 1
+            self._wake.set()
+            with anyio.move_on_after(timeout):
+                await self._stopped.wait()
+        await anyio.to_thread.run_sync(kill_leftover, self.directory(domain))
+        await anyio.to_thread.run_sync(shutil.rmtree, self.directory(domain), True)
+
+    # -- readiness ------------------------------------------------------------------------
+
+    async def query(self, domain: str) -> tuple[bool, str]:
+        """``nvidia-imex-ctl -c <config> -q``: (READY?, what it printed)."""
+        command = [*self.ctl_command, "-c", str(self.config_path(domain)), "-q"]
+        try:
+            with anyio.fail_after(QUERY_TIMEOUT_S):
+                result = await anyio.run_process(command, check=False, stderr=subprocess.STDOUT)
+        except TimeoutError:
+            return False, f"{' '.join(command[:1])} -q did not answer within {QUERY_TIMEOUT_S:g} s"
+        except OSError as error:
+            return False, f"cannot run {command[0]}: {error}"
+        text = result.stdout.decode(errors="replace").strip()
+        return text.splitlines()[:1] == ["READY"], text
+
+    async def wait_ready(self, domain: str, timeout: float) -> tuple[bool, str]:  # noqa: ASYNC109
+        """Poll until READY or ``timeout``; the message says what the daemon said last."""
+        answer = ""
+        with anyio.move_on_after(timeout):
+            while True:
+                if self.status.state == "running":
+                    ready, answer = await self.query(domain)
+                    if ready:
+                        return True, answer
+                await anyio.sleep(0.25)
+        said = " | ".join(self.output) or "nothing"
+        where = f"state {self.status.state}, {self.status.restarts} restart(s)"
+        if self.status.last_exit:
+            where += f", last exit: {self.status.last_exit}"
+        return False, (
+            f"the IMEX daemon is not READY after {timeout:g} s ({where}); nvidia-imex-ctl said: "
+            f"{answer or 'nothing'}; the daemon said: {said}"
+        )
+
+    # -- the supervised child -------------------------------------------------------------
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        delay = self._backoff_initial
+        try:
+            while True:
+                domain, generation = self.status.domain, self._generation
+                if domain is None:
+                    self._set("stopped", "stop")
+                    self._stopped.set()
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                    continue
+                started = anyio.current_time()
+                exit_text = await self._run_once(domain, generation)
+                if generation != self._generation:  # reconfigured or stopped: go again now
+                    if self.status.domain is not None:
+                        self.status.restarts += 1
+                        self._set("starting", "config")
+                    delay = self._backoff_initial
+                    continue
+                # it exited on its own: restart with backoff
+                self.status.last_exit = exit_text
+                self.status.restarts += 1
+                if anyio.current_time() - started > STABLE_S:
+                    delay = self._backoff_initial
+                log.warning(
+                    "the IMEX daemon of ComputeDomain %s exited (%s); restarting in %.1f s",
+                    domain,
+                    exit_text,
+                    delay,
+                    extra={"domain": domain, "restarts": self.status.restarts},
+                )
+                self._set("backoff", "crash")
+                self._wake = anyio.Event()
+                with anyio.move_on_after(delay):
+                    await self._wake.wait()
+                delay = min(delay * 2, BACKOFF_MAX_S)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._terminate()
+                self._set("stopped", "stop")
+                self._stopped.set()
+
+    async def _run_once(self, domain: str, generation: int) -> str:
+        """Run the daemon until it exits or the wanted generation changes."""
+        config = self.config_path(domain)
+        await anyio.to_thread.run_sync(kill_leftover, config.parent)
+        command = [*self.command, "-c", str(config)]
+        self._set("starting", "start")
+        try:
+            process = await anyio.open_process(
+                command, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        except OSError as error:
+            self.output.append(f"cannot start {command[0]}: {error}")
+            log.error("cannot start the IMEX daemon %s: %s", command[0], error)
+            return f"cannot start: {error}"
+        self._process = process
+        write_atomic(config.parent / PID_FILE, f"{process.pid}\n".encode())
+        self.status.pid = process.pid
+        self._set("running", "start")
+        log.info(
+            "IMEX daemon started for ComputeDomain %s",
+            domain,
+            extra={"pid": process.pid, "command": " ".join(command)},
+        )
+        async with anyio.create_task_group() as group:
+
+            async def pump() -> None:
+                assert process.stdout is not None
+                buffer = b""
+                async for chunk in process.stdout:
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        text = line.decode(errors="replace").rstrip()
+                        if text:
+                            self.output.append(text)
+                            log.info("imex: %s", text, extra={"domain": domain, "pid": process.pid})
+
+            async def changed() -> None:
+                while generation == self._generation:
+                    self._wake = anyio.Event()
+                    await self._wake.wait()
+                await self._terminate()
+
+            group.start_soon(pump)
+            group.start_soon(changed)
+            code = await process.wait()
+            group.cancel_scope.cancel()
+        self._process = None
+        self.status.pid = None
+        (config.parent / PID_FILE).unlink(missing_ok=True)
+        if code < 0:
+            return f"killed by signal {-code}"
+        return f"exit status {code}"
+
+    async def _terminate(self) -> None:
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        process.terminate()
+        with anyio.move_on_after(STOP_GRACE_S):
+            await process.wait()
+            return
+        process.kill()
+        await process.wait()
+
+    def _set(self, state: str, reason: str) -> None:
+        self.status.state = state
+        self._on_change(self.status, reason)
+
+
+def kill_leftover(directory: Path) -> int | None:
+    """Kill the daemon a previous agent left running for this directory (its pid file names
+    it and its command line names the config); returns its pid, if there was one."""
+    pid_file = directory / PID_FILE
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        cmdline = b""
+    if str(directory / CONFIG_FILE).encode() not in cmdline:
+        pid_file.unlink(missing_ok=True)
+        return None  # gone, or the pid now belongs to another process
+    log.warning("stopping the IMEX daemon (pid %d) a previous agent left running", pid)
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+    for _ in range(int(STOP_GRACE_S / 0.05)):
+        if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)
+    return pid
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except (OSError, IndexError):
+        return True

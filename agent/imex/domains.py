@@ -1,0 +1,410 @@
+"""ComputeDomains on the API server: find one by uid, join, report, leave; Events about it.
+
+Kubernetes is the only coordination between the nodes of a domain: membership is the list
+``status.nodes`` of the ComputeDomain, and every change is a read-modify-write of the status
+subresource carrying the ``resourceVersion`` that was read. A concurrent writer makes the API
+server answer 409 Conflict; the writer re-reads and tries again (bounded, with jitter), so N
+agents joining at once each get an index no other entry holds. A node's entry says where its
+IMEX daemon listens (``ipAddress``), its clique, its index and whether its daemon is Ready; a
+daemon that fails puts a condition ``IMEXDaemonReady.<node>`` with its message into the
+status, so the reason is visible on the domain (user-pain.md #11: NV #289).
+
+Calls go through kubernetes-asyncio's ``CustomObjectsApi`` on the shared ``ApiClient`` with
+``_preload_content=False``: plain JSON in and out, each call bounded by a timeout.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import anyio
+
+from agent.errors import AgentError
+from agent.kube.rawapi import ApiStatusError
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+GROUP, VERSION, PLURAL, KIND = "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain"
+API_VERSION = f"{GROUP}/{VERSION}"
+CONDITION_PREFIX = "IMEXDaemonReady."
+NodeStatus = Literal["Ready", "NotReady"]
+
+
+class DomainError(AgentError):
+    """A ComputeDomain cannot be used for this claim; ``permanent``: retrying cannot help."""
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
+
+
+@dataclass(frozen=True)
+class DomainRef:
+    namespace: str
+    name: str
+    uid: str
+
+    def __str__(self) -> str:
+        return f"ComputeDomain {self.namespace}/{self.name} ({self.uid})"
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    name: str
+    ip_address: str
+    clique: str
+    index: int
+    status: NodeStatus
+
+    @classmethod
+    def of(cls, item: Obj) -> NodeEntry:
+        return cls(
+            str(item.get("name", "")),
+            str(item.get("ipAddress", "")),
+            str(item.get("cliqueID", "")),
+            int(item.get("index", -1)),
+            "Ready" if item.get("status") == "Ready" else "NotReady",
+        )
+
+    def to_dict(self) -> Obj:
+        return {
+            "name": self.name,
+            "ipAddress": self.ip_address,
+            "cliqueID": self.clique,
+            "index": self.index,
+            "status": self.status,
+        }
+
+
+def node_entries(domain: Obj) -> list[NodeEntry]:
+    return [NodeEntry.of(n) for n in (domain.get("status") or {}).get("nodes") or []]
+
+
+def domain_ref(domain: Obj) -> DomainRef:
+    meta = domain["metadata"]
+    return DomainRef(meta["namespace"], meta["name"], meta["uid"])
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def set_condition(status: Obj, node: str, ready: bool, reason: str, message: str) -> None:
+    """Put (or update) the node's ``IMEXDaemonReady.<node>`` condition into ``status``."""
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    kind = CONDITION_PREFIX + node
+    value = "True" if ready else "False"
+    previous = next((c for c in conditions if c.get("type") == kind), None)
+    changed = previous is None or previous.get("status") != value
+    condition = {
+        "type": kind,
+        "status": value,
+        "reason": reason,
+        "message": message[:4096],
+        "lastTransitionTime": now() if changed else previous.get("lastTransitionTime", now()),  # type: ignore[union-attr]
+    }
+    status["conditions"] = [c for c in conditions if c.get("type") != kind] + [condition]
+
+
+def drop_condition(status: Obj, node: str) -> None:
+    kind = CONDITION_PREFIX + node
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != kind]
+    if conditions:
+        status["conditions"] = conditions
+    else:
+        status.pop("conditions", None)
+
+
+class DomainApi:
+    """The ComputeDomain, ResourceClaimTemplate, Lease and Event calls of the agent and the
+    controller, as plain JSON on one shared ``ApiClient``."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        request_timeout: float = 10.0,
+        max_attempts: int = 50,
+        component: str = "gpu-dra-agent",
+    ) -> None:
+        from kubernetes_asyncio import client
+
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self._resource = client.ResourceV1Api(api_client)
+        self._coordination = client.CoordinationV1Api(api_client)
+        self.request_timeout = request_timeout
+        self.max_attempts = max_attempts
+        self.component = component
+        #: 409 answers met by status writes (the join test counts them)
+        self.conflicts = 0
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(self, namespace: str, name: str) -> Obj:
+        return await self._call(
+            self._custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+        )
+
+    async def list_all(self) -> list[Obj]:
+        found = await self._call(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        return list(found.get("items") or [])
+
+    async def list_in(self, namespace: str) -> list[Obj]:
+        found = await self._call(
+            self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL
+        )
+        return list(found.get("items") or [])
+
+    async def find(self, namespace: str, uid: str) -> Obj:
+        """The domain with ``uid`` in ``namespace``; ``DomainError`` (permanent when it lives
+        in another namespace, retryable when it does not exist (yet))."""
+        for domain in await self.list_in(namespace):
+            if domain.get("metadata", {}).get("uid") == uid:
+                return domain
+        for domain in await self.list_all():
+            meta = domain.get("metadata", {})
+            if meta.get("uid") == uid:
+                raise DomainError(
+                    f"ComputeDomain {meta.get('namespace')}/{meta.get('name')} ({uid}) is in "
+                    f"namespace {meta.get('namespace')}, the claim in {namespace}: a pod may "
+                    "only join a domain of its own namespace (permanent error: recreate the "
+                    "pod with the domain's own ResourceClaimTemplate)",
+                    permanent=True,
+                )
+        raise DomainError(
+            f"no ComputeDomain with uid {uid} in namespace {namespace} (deleted, or not created "
+            "yet)"
+        )
+
+    # -- status writes with optimistic concurrency ----------------------------------------
+
+    async def update_status(self, ref: DomainRef, change: Callable[[Obj], bool]) -> Obj:
+        """Read the domain, let ``change`` edit its ``status`` in place (returning whether it
+        changed anything) and write it with the resourceVersion read; on 409 read again and
+        retry (jittered, at most ``max_attempts``). ``DomainError`` if the domain is gone or
+        was replaced (another uid)."""
+        delay = 0.005
+        for _attempt in range(self.max_attempts):
+            try:
+                domain = await self.get(ref.namespace, ref.name)
+            except ApiStatusError as error:
+                if error.code == 404:
+                    raise DomainError(f"{ref} no longer exists") from None
+                raise
+            if domain["metadata"].get("uid") != ref.uid:
+                raise DomainError(f"{ref} was deleted and created again with another uid")
+            status = copy.deepcopy(domain.get("status") or {})
+            if not change(status):
+                return domain
+            body = {**domain, "status": status}
+            try:
+                return await self._call(
+                    self._custom.replace_namespaced_custom_object_status,
+                    GROUP,
+                    VERSION,
+                    ref.namespace,
+                    PLURAL,
+                    ref.name,
+                    body,
+                )
+            except ApiStatusError as error:
+                if error.code != 409:
+                    raise
+                self.conflicts += 1
+            await anyio.sleep(random.uniform(0, delay))
+            delay = min(delay * 2, 0.5)
+        raise DomainError(
+            f"{ref}: gave up writing its status after {self.max_attempts} conflicting writes"
+        )
+
+    async def join(self, ref: DomainRef, node: str, ip: str, clique: str) -> tuple[NodeEntry, bool]:
+        """This node's entry in the domain (added NotReady if absent, with the lowest index no
+        other entry holds); returns it and whether it was added now."""
+        result: list[NodeEntry] = []
+        added: list[bool] = []
+
+        def change(status: Obj) -> bool:
+            result.clear()
+            added.clear()
+            nodes = [n for n in status.get("nodes") or [] if isinstance(n, dict)]
+            mine = next((n for n in nodes if n.get("name") == node), None)
+            if mine is not None and mine.get("ipAddress") == ip and mine.get("cliqueID") == clique:
+                result.append(NodeEntry.of(mine))
+                added.append(False)
+                return False
+            used = {n.get("index") for n in nodes if n.get("name") != node}
+            index = (
+                mine.get("index") if mine is not None and mine.get("index") not in used else None
+            )
+            if index is None:
+                index = next(i for i in range(len(nodes) + 1) if i not in used)
+            entry = NodeEntry(node, ip, clique, int(index), "NotReady")
+            status["nodes"] = [n for n in nodes if n.get("name") != node] + [entry.to_dict()]
+            status["nodes"].sort(key=lambda n: n.get("index", 0))
+            status.setdefault("status", "NotReady")
+            result.append(entry)
+            added.append(mine is None)
+            return True
+
+        await self.update_status(ref, change)
+        return result[0], added[0]
+
+    async def report(
+        self, ref: DomainRef, node: str, ready: bool, reason: str, message: str
+    ) -> None:
+        """Set this node's entry Ready or NotReady and its daemon condition (with ``message``)."""
+
+        def change(status: Obj) -> bool:
+            before = json.dumps(status, sort_keys=True)
+            for entry in status.get("nodes") or []:
+                if entry.get("name") == node:
+                    entry["status"] = "Ready" if ready else "NotReady"
+            set_condition(status, node, ready, reason, message)
+            return json.dumps(status, sort_keys=True) != before
+
+        await self.update_status(ref, change)
+
+    async def leave(self, ref: DomainRef, node: str) -> bool:
+        """Remove this node's entry and condition; True if there was an entry."""
+        removed: list[bool] = []
+
+        def change(status: Obj) -> bool:
+            removed.clear()
+            nodes = status.get("nodes") or []
+            kept = [n for n in nodes if n.get("name") != node]
+            removed.append(len(kept) != len(nodes))
+            had_condition = any(
+                c.get("type") == CONDITION_PREFIX + node for c in status.get("conditions") or []
+            )
+            if not removed[0] and not had_condition:
+                return False
+            status["nodes"] = kept
+            drop_condition(status, node)
+            return True
+
+        try:
+            await self.update_status(ref, change)
+        except DomainError:
+            return False  # the domain is gone: nothing to leave
+        return bool(removed and removed[0])
+
+    # -- the controller's objects ---------------------------------------------------------
+
+    async def replace(self, domain: Obj) -> Obj:
+        """PUT the domain (its metadata: the finalizer), with its resourceVersion."""
+        meta = domain["metadata"]
+        return await self._call(
+            self._custom.replace_namespaced_custom_object,
+            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], domain,
+        )  # fmt: skip
+
+    async def set_status(self, domain: Obj, status: Obj) -> Obj:
+        meta = domain["metadata"]
+        return await self._call(
+            self._custom.replace_namespaced_custom_object_status,
+            GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {**domain, "status": status},
+        )  # fmt: skip
+
+    async def get_template(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return await self._call(
+                self._resource.read_namespaced_resource_claim_template, name, namespace
+            )
+        except ApiStatusError as error:
+            if error.code == 404:
+                return None
+            raise
+
+    async def create_template(self, namespace: str, body: Obj) -> Obj:
+        return await self._call(
+            self._resource.create_namespaced_resource_claim_template, namespace, body
+        )
+
+    async def delete_template(self, namespace: str, name: str) -> bool:
+        try:
+            await self._call(
+                self._resource.delete_namespaced_resource_claim_template, name, namespace
+            )
+        except ApiStatusError as error:
+            if error.code == 404:
+                return False
+            raise
+        return True
+
+    async def get_lease(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return await self._call(self._coordination.read_namespaced_lease, name, namespace)
+        except ApiStatusError as error:
+            if error.code == 404:
+                return None
+            raise
+
+    async def create_lease(self, namespace: str, body: Obj) -> Obj:
+        return await self._call(self._coordination.create_namespaced_lease, namespace, body)
+
+    async def replace_lease(self, namespace: str, body: Obj) -> Obj:
+        return await self._call(
+            self._coordination.replace_namespaced_lease, body["metadata"]["name"], namespace, body
+        )
+
+    # -- events ---------------------------------------------------------------------------
+
+    async def event(self, ref: DomainRef, type_: str, reason: str, message: str) -> None:
+        """Post an Event about the domain in its namespace (best effort: logged on failure)."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{ref.name}.", "namespace": ref.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": ref.name,
+                "namespace": ref.namespace,
+                "uid": ref.uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": self.component},
+            "firstTimestamp": now(),
+            "lastTimestamp": now(),
+            "count": 1,
+        }
+        try:
+            await self._call(self._core.create_namespaced_event, ref.namespace, body)
+        except Exception as error:  # Events are best effort
+            log.warning("could not post Event %s about %s: %s", reason, ref, error)
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
+        with anyio.fail_after(self.request_timeout):
+            response: Any = await method(
+                *args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs
+            )
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+        if not 200 <= response.status < 300:
+            reason, message = str(response.status), body[:300].decode(errors="replace")
+            try:
+                decoded = json.loads(body)
+                reason = str(decoded.get("reason") or reason)
+                message = str(decoded.get("message") or message)
+            except (ValueError, AttributeError):
+                pass
+            raise ApiStatusError(response.status, reason, message)
+        decoded = json.loads(body)
+        if not isinstance(decoded, dict):
+            raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")
+        return decoded

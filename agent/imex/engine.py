@@ -1,0 +1,447 @@
+"""The channel engine: prepare and unprepare of ``compute-domain.nvidia.com`` claims.
+
+It answers the kubelet for the second driver (``agent.kubelet.dra_service.ClaimPreparer``, the
+same narrow interface as the GPU engine), with a checkpoint of its own. A channel is not a
+device made on prepare in the sense of ``agent.node.effectors`` (those are per-device hardware
+changes undone per claim): what a channel claim changes is shared by every claim of its
+domain on this node (the node's membership in the domain and its one IMEX daemon) and lives
+partly in the API server. So the engine is a sibling of ``agent.node.engine`` rather than an
+effector plugged into it, and follows the same rules: the intent (``PrepareStarted`` with the
+domain) is durable before anything changes; the answer goes out only after the
+``PrepareCompleted`` record; unprepare works from the checkpoint alone.
+
+Prepare of one claim (claims of a request one after another, under one lock):
+
+1. read the claim; it must be allocated ``channel-0`` of this node's pool and carry a
+   ``ComputeDomainChannelConfig`` (``agent.imex.config``); the node must have a clique;
+2. find the ComputeDomain by uid in the claim's namespace (another namespace: permanent
+   error); refuse if this node serves another domain (one IMEX daemon per node);
+3. record ``PrepareStarted``; join the domain (``status.nodes`` entry, unique index);
+4. render the daemon's config (the domain's nodes in this clique) and (re)start the daemon;
+   wait for READY (``ready_timeout_s``, 20 s by default: well inside the kubelet's 45 s), else
+   a retryable error with what the daemon said, also written into the domain's status;
+5. mark the node Ready in the domain, write the CDI spec (channel 0, or all for ``All``),
+   record ``PrepareCompleted``.
+
+Unprepare of the node's last claim of a domain stops the daemon and removes the node's entry.
+While a domain is served, :meth:`ChannelEngine.run` follows it every second: a node that
+joins or leaves changes the rendered config (the daemon restarts with it) and a daemon that
+stops being READY turns the node's entry NotReady with the daemon's words (and back).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from opentelemetry import trace
+
+from agent.dra import cdi as dra_cdi
+from agent.dra.config import ConfigError, parse_allocation
+from agent.errors import AgentError
+from agent.hardware.hostfiles import HostFiles
+from agent.imex import metrics
+from agent.imex.cdi import CHANNELS_MAJOR_NAME, channel_spec, channels_for
+from agent.imex.config import DRIVER, AllocationMode, channel_config_for
+from agent.imex.daemon import ImexDaemon
+from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref, node_entries
+from agent.imex.fabric import CHANNEL_DEVICE, Clique
+from agent.kube.claims import ClaimReader
+from agent.node.cdi import CdiSpecDirectory
+from agent.node.durable import NodeLock, write_atomic
+from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
+from agent.telemetry.tracing import tracer
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+LOCK_FILE = "gpu-dra-agent.lock"
+STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
+
+
+class ChannelRefused(AgentError):
+    """This channel claim cannot be prepared now; the message says why."""
+
+
+@dataclass(frozen=True)
+class ChannelClaim:
+    """One checkpoint entry: the claim, its domain, its channels and how far it got."""
+
+    uid: str
+    namespace: str
+    name: str
+    request: str
+    domain_namespace: str
+    domain_name: str
+    domain_uid: str
+    mode: str
+    state: str
+
+    @property
+    def domain(self) -> DomainRef:
+        return DomainRef(self.domain_namespace, self.domain_name, self.domain_uid)
+
+
+class ChannelEngine:
+    """Prepares and unprepares channel claims on this node (module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        plugin_dir: Path,
+        cdi_root: Path,
+        host_root: Path,
+        clique: Clique,
+        node_ip: str,
+        claim_reader: ClaimReader,
+        domains: DomainApi,
+        daemon: ImexDaemon,
+        ready_timeout_s: float = 20.0,
+        follow_interval_s: float = 1.0,
+    ) -> None:
+        self.driver = DRIVER
+        self.node_name = node_name
+        self.plugin_dir = Path(plugin_dir)
+        self.clique = clique
+        self.node_ip = node_ip
+        self.daemon = daemon
+        self.ready_timeout_s = ready_timeout_s
+        self._follow_interval = follow_interval_s
+        self._host = HostFiles(Path(host_root))
+        self._reader = claim_reader
+        self._domains = domains
+        self._specs = CdiSpecDirectory(Path(cdi_root), DRIVER)
+        self._path = self.plugin_dir / CHECKPOINT_FILE
+        self._node_lock = NodeLock(self.plugin_dir / LOCK_FILE)
+        self._lock = anyio.Lock()
+        self.claims: dict[str, ChannelClaim] = {}
+        self._reported: bool | None = None  # what the follower last wrote for this node
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the checkpoint; rewrite the CDI specs of completed claims (tmpfs), remove
+        specs no entry owns; the daemon of a served domain is started again by ``run``."""
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        async with self._node_lock:
+            self.claims = await anyio.to_thread.run_sync(self._load)
+            for claim in self.claims.values():
+                if claim.state == COMPLETED:
+                    await anyio.to_thread.run_sync(self._write_spec, claim)
+            owned = set(self.claims)
+            for uid in self._specs.claim_uids() - owned:
+                self._specs.remove_claim(uid)
+        domain = self._served()
+        if domain is not None:
+            log.info("serving %s again after a restart; its IMEX daemon is restarted", domain)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The daemon's supervision and the follower of the served domain, until cancelled."""
+        async with anyio.create_task_group() as group:
+            await group.start(self.daemon.run)
+            domain = self._served()
+            if domain is not None:
+                try:
+                    await self._configure(domain)
+                except Exception as error:  # the follower tries again
+                    log.warning("could not restart the IMEX daemon of %s: %s", domain, error)
+            task_status.started()
+            while True:
+                await anyio.sleep(self._follow_interval)
+                try:
+                    await self._follow()
+                except Exception as error:  # logged, tried again next round
+                    log.warning("following the served ComputeDomain failed: %s", error)
+
+    def _served(self) -> DomainRef | None:
+        for claim in self.claims.values():
+            return claim.domain
+        return None
+
+    # -- prepare --------------------------------------------------------------------------
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
+        results: dict[str, ClaimPrepareResult] = {}
+        if not claims:
+            return results
+        async with self._lock:
+            try:
+                await self._node_lock.acquire()
+            except AgentError as error:
+                return {ref.uid: ClaimPrepareResult(error=str(error)) for ref in claims}
+            try:
+                for ref in claims:
+                    if ref.uid in results:
+                        continue
+                    span = tracer().start_span(
+                        "claim.prepare",
+                        attributes={
+                            "k8s.resourceclaim.uid": ref.uid,
+                            "k8s.resourceclaim.name": ref.name,
+                            "k8s.namespace.name": ref.namespace,
+                            "dra.driver": DRIVER,
+                        },
+                    )
+                    with trace.use_span(span, end_on_exit=True):
+                        try:
+                            results[ref.uid] = await self._prepare_one(ref)
+                        except (
+                            ChannelRefused,
+                            DomainError,
+                            ConfigError,
+                            dra_cdi.CdiSpecError,
+                        ) as error:
+                            results[ref.uid] = ClaimPrepareResult(error=str(error))
+                        except Exception as error:  # a bug or an API failure: this claim only
+                            log.exception("prepare of channel claim %s failed", ref.uid)
+                            results[ref.uid] = ClaimPrepareResult(error=str(error) or repr(error))
+                        outcome = results[ref.uid].error
+                        if outcome is not None:
+                            span.set_status(trace.StatusCode.ERROR, outcome)
+            finally:
+                self._node_lock.release()
+        return results
+
+    async def _prepare_one(self, ref: ClaimRef) -> ClaimPrepareResult:
+        dra_cdi.validate_claim_uid(ref.uid)
+        known = self.claims.get(ref.uid)
+        if known is not None and known.state == COMPLETED:
+            await anyio.to_thread.run_sync(self._write_spec, known)
+            if self.daemon.status.domain != known.domain_uid:
+                await self._configure(known.domain)
+            return self._answer(known)
+        subject = f"ResourceClaim {ref.namespace}/{ref.name} ({ref.uid})"
+        claim = await self._reader.read(ref.namespace, ref.name)
+        if (claim.get("metadata") or {}).get("uid") != ref.uid:
+            raise ChannelRefused(f"{subject} got replaced: the API server has another uid")
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not isinstance(allocation, dict):
+            raise ChannelRefused(f"{subject} is not allocated")
+        results, configs = parse_allocation(allocation)
+        ours = [r for r in results if r.driver == DRIVER and r.pool == self.node_name]
+        if not ours:
+            raise ChannelRefused(f"{subject} has no {DRIVER} device in pool {self.node_name}")
+        if any(r.device != CHANNEL_DEVICE for r in ours):
+            raise ChannelRefused(
+                f"{subject}: devices {', '.join(r.device for r in ours)} do not exist on this "
+                f"node (it publishes only {CHANNEL_DEVICE})"
+            )
+        if self.clique.clique is None:
+            raise ChannelRefused(
+                f"{subject}: this node cannot join a ComputeDomain: {self.clique.reason}"
+            )
+        config = channel_config_for(ours[0], configs, f"{ref.namespace}/{ref.name}")
+        domain = domain_ref(await self._domains.find(ref.namespace, config.domain_id))
+        for other in self.claims.values():
+            if other.domain_uid != domain.uid:
+                raise ChannelRefused(
+                    f"{subject}: this node already serves {other.domain} (claim "
+                    f"{other.namespace}/{other.name}); a node runs one IMEX daemon, so it "
+                    f"serves one ComputeDomain at a time: {domain} must use other nodes"
+                )
+        entry = ChannelClaim(
+            ref.uid, ref.namespace, ref.name, ours[0].base_request,
+            domain.namespace, domain.name, domain.uid, str(config.allocation_mode), STARTED,
+        )  # fmt: skip
+        await self._record(entry)
+        with tracer().start_as_current_span("imex.channel.attach") as span:
+            channels = channels_for(config.allocation_mode)
+            span.set_attributes(
+                {
+                    "imex.domain.uid": domain.uid,
+                    "imex.domain.name": f"{domain.namespace}/{domain.name}",
+                    "imex.clique": self.clique.clique,
+                    "imex.channels": len(channels),
+                    "imex.allocation_mode": str(config.allocation_mode),
+                }
+            )
+            joined, added = await self._domains.join(
+                domain, self.node_name, self.node_ip, self.clique.clique
+            )
+            span.set_attribute("imex.node.index", joined.index)
+            if added:
+                metrics.domain_change("join")
+                await self._domains.event(
+                    domain, "Normal", "NodeJoined",
+                    f"node {self.node_name} joined with index {joined.index} ({self.node_ip}, "
+                    f"clique {self.clique.clique})",
+                )  # fmt: skip
+            await self._configure(domain)
+            with tracer().start_as_current_span("imex.daemon.wait_ready") as wait:
+                ready, said = await self.daemon.wait_ready(domain.uid, self.ready_timeout_s)
+                wait.set_attribute("imex.daemon.ready", ready)
+            if not ready:
+                await self._report(domain, False, said)
+                raise ChannelRefused(f"{subject}: {domain}: {said} (retried by the kubelet)")
+            await self._report(domain, True, said)
+            entry = ChannelClaim(**{**asdict(entry), "state": COMPLETED})
+            await anyio.to_thread.run_sync(self._write_spec, entry)
+            await self._record(entry)
+        return self._answer(entry)
+
+    async def _configure(self, domain: DomainRef) -> None:
+        """Render the daemon's config from the domain's nodes in this clique; (re)start it."""
+        with tracer().start_as_current_span("imex.daemon.configure") as span:
+            stored = await self._domains.get(domain.namespace, domain.name)
+            peers = [
+                e.ip_address
+                for e in sorted(node_entries(stored), key=lambda e: e.index)
+                if e.clique == self.clique.clique
+            ]
+            if self.node_ip not in peers:
+                peers.append(self.node_ip)
+            changed = await anyio.to_thread.run_sync(
+                self.daemon.configure, domain.uid, self.node_ip, peers
+            )
+            span.set_attributes(
+                {
+                    "imex.domain.uid": domain.uid,
+                    "imex.peers": len(peers),
+                    "imex.config.changed": changed,
+                }
+            )
+
+    async def _report(self, domain: DomainRef, ready: bool, said: str) -> None:
+        if ready:
+            await self._domains.report(domain, self.node_name, True, "DaemonReady", said)
+        else:
+            await self._domains.report(domain, self.node_name, False, "DaemonNotReady", said)
+            if self._reported is not False:
+                await self._domains.event(
+                    domain, "Warning", "IMEXDaemonNotReady", f"node {self.node_name}: {said}"
+                )
+        self._reported = ready
+
+    def _answer(self, entry: ChannelClaim) -> ClaimPrepareResult:
+        device = PreparedDeviceResult(
+            request_names=(entry.request,),
+            pool_name=self.node_name,
+            device_name=CHANNEL_DEVICE,
+            cdi_device_ids=(dra_cdi.claim_device_id(DRIVER, entry.uid, CHANNEL_DEVICE),),
+        )
+        return ClaimPrepareResult(devices=(device,))
+
+    # -- unprepare ------------------------------------------------------------------------
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str | None]:
+        results: dict[str, str | None] = {ref.uid: None for ref in claims}
+        if not claims:
+            return results
+        async with self._lock:
+            try:
+                await self._node_lock.acquire()
+            except AgentError as error:
+                return {ref.uid: str(error) for ref in claims}
+            try:
+                with anyio.CancelScope(shield=True):
+                    for ref in claims:
+                        entry = self.claims.get(ref.uid)
+                        if entry is None:
+                            continue
+                        with tracer().start_as_current_span(
+                            "claim.unprepare",
+                            attributes={"k8s.resourceclaim.uid": ref.uid, "dra.driver": DRIVER},
+                        ) as span:
+                            try:
+                                await self._unprepare_one(entry)
+                            except Exception as error:
+                                log.exception("unprepare of channel claim %s failed", ref.uid)
+                                results[ref.uid] = str(error) or repr(error)
+                                span.set_status(trace.StatusCode.ERROR, results[ref.uid] or "")
+            finally:
+                self._node_lock.release()
+        return results
+
+    async def _unprepare_one(self, entry: ChannelClaim) -> None:
+        others = [
+            c
+            for c in self.claims.values()
+            if c.uid != entry.uid and c.domain_uid == entry.domain_uid
+        ]
+        if not others:  # the node's last claim of the domain
+            await self.daemon.stop(entry.domain_uid)
+            if await self._domains.leave(entry.domain, self.node_name):
+                metrics.domain_change("leave")
+                await self._domains.event(
+                    entry.domain, "Normal", "NodeLeft", f"node {self.node_name} left"
+                )
+            self._reported = None
+        await anyio.to_thread.run_sync(self._specs.remove_claim, entry.uid)
+        claims = {uid: c for uid, c in self.claims.items() if uid != entry.uid}
+        await anyio.to_thread.run_sync(self._save, claims)
+        self.claims = claims
+
+    # -- following the served domain ------------------------------------------------------
+
+    async def _follow(self) -> None:
+        domain = self._served()
+        if domain is None or self._lock.locked():
+            return
+        async with self._lock:
+            if self._served() != domain:
+                return
+            try:
+                await self._configure(domain)
+            except DomainError as error:
+                log.warning("the served ComputeDomain is gone: %s", error)
+                return
+            if self.daemon.status.state != "running":
+                ready, said = False, f"the IMEX daemon is {self.daemon.status.state}"
+            else:
+                ready, said = await self.daemon.query(domain.uid)
+            if self._reported is None or ready != self._reported:
+                completed = any(c.state == COMPLETED for c in self.claims.values())
+                if completed or ready is False:
+                    await self._report(domain, ready, said)
+
+    # -- the checkpoint -------------------------------------------------------------------
+
+    async def _record(self, entry: ChannelClaim) -> None:
+        claims = {**self.claims, entry.uid: entry}
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self._save, claims)
+        self.claims = claims
+
+    def _save(self, claims: dict[str, ChannelClaim]) -> None:
+        document = {
+            "kind": "ComputeDomainChannelCheckpoint",
+            "version": 1,
+            "claims": {uid: asdict(c) for uid, c in sorted(claims.items())},
+        }
+        write_atomic(self._path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
+
+    def _load(self) -> dict[str, ChannelClaim]:
+        try:
+            document = json.loads(self._path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            broken = self._path.with_name(f"{CHECKPOINT_FILE}.corrupt")
+            self._path.replace(broken)
+            log.error("the channel checkpoint was unreadable (%s); moved to %s", error, broken)
+            return {}
+        return {uid: ChannelClaim(**item) for uid, item in document.get("claims", {}).items()}
+
+    def _write_spec(self, entry: ChannelClaim) -> None:
+        major = self._host.device_majors().get(CHANNELS_MAJOR_NAME)
+        if major is None:
+            raise ChannelRefused(
+                f"no {CHANNELS_MAJOR_NAME} line in {self._host.root}/proc/devices: the NVIDIA "
+                "driver offers no IMEX channels (is NVreg_ImexChannelCount 0?)"
+            )
+        spec = channel_spec(
+            DRIVER, entry.uid, CHANNEL_DEVICE, channels_for(AllocationMode(entry.mode)), major
+        )
+        self._specs.ensure(self._specs.claim_path(entry.uid), spec)
+
+
+def served_claims(engine: ChannelEngine) -> dict[str, Any]:
+    """The engine's entries as JSON (for logs and tests)."""
+    return {uid: asdict(c) for uid, c in engine.claims.items()}

@@ -1,0 +1,22 @@
+"""Recording the ComputeDomain metrics (instruments in ``agent.telemetry.metrics``)."""
+
+from __future__ import annotations
+
+from agent.imex.daemon import DaemonStatus
+from agent.telemetry import metrics as m
+
+STATES = ("stopped", "starting", "running", "backoff")
+
+
+def daemon_changed(status: DaemonStatus, reason: str) -> None:
+    """``ImexDaemon``'s ``on_change``: the state gauge, and restarts by reason."""
+    for state in STATES:
+        m.set_gauge(m.IMEX_DAEMON_STATE, 1.0 if state == status.state else 0.0, state=state)
+    if status.state == "starting" and reason == "config":
+        m.add(m.IMEX_DAEMON_RESTARTS, 1, reason="config")
+    if status.state == "backoff" and reason == "crash":
+        m.add(m.IMEX_DAEMON_RESTARTS, 1, reason="crash")
+
+
+def domain_change(change: str) -> None:
+    m.add(m.IMEX_DOMAIN_CHANGES, 1, change=change)

@@ -1,0 +1,168 @@
+"""Wiring the second driver, ``compute-domain.nvidia.com``, into the agent's process.
+
+The supervisor calls :func:`serve_compute_domains` after the GPU driver is up. It decides
+whether to serve at all (``--compute-domains``: ``auto`` only where the GPUs share a usable
+fabric clique, ``on`` always, ``off`` never; the reason is logged either way), finds the
+node's IMEX address, installs the simulated IMEX tools in simulate mode, and starts the
+driver's own parts as children of the supervisor's task group: the slice publisher (``channel-0``
+or, without a clique, no device), the channel engine with its IMEX daemon, and the kubelet
+plugin with its own DRA and registration sockets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agent.config import AgentConfig
+from agent.hardware.inventory import Inventory
+from agent.imex import metrics
+from agent.imex.config import DRIVER
+from agent.imex.daemon import ImexDaemon
+from agent.imex.domains import DomainApi
+from agent.imex.engine import ChannelEngine
+from agent.imex.fabric import Clique, channel_devices, node_clique
+
+log = logging.getLogger(__name__)
+
+#: The ``nvidia-caps-imex-channels`` major of a simulated host's ``/proc/devices``.
+SIM_CHANNELS_MAJOR = 236
+Child = Callable[[str, Callable[[], Awaitable[Any]]], None]
+StartChild = Callable[[str, Callable[..., Any]], Awaitable[None]]
+
+
+async def serve_compute_domains(
+    config: AgentConfig,
+    inventory: Inventory,
+    api_client: Any,
+    claim_reader: Any,
+    node_uid: str | None,
+    stack: AsyncExitStack,
+    child: Child,
+    start_child: StartChild,
+) -> ChannelEngine | None:
+    """Start the driver if ``--compute-domains`` says so; returns its engine (or None)."""
+    from agent.kube.publisher import SlicePublisher
+    from agent.kubelet.plugin import KubeletPlugin
+
+    clique = node_clique(inventory)
+    if config.compute_domains == "off":
+        log.info("ComputeDomains are off (--compute-domains=off)")
+        return None
+    if clique.clique is None and config.compute_domains == "auto":
+        log.info(
+            "not serving %s: %s (--compute-domains=on serves it without a channel)",
+            DRIVER,
+            clique.reason,
+        )
+        return None
+    plugin_dir = config.plugins_dir / DRIVER
+    node_ip = config.node_ip or await _node_address(api_client, config.node_name)
+    if node_ip is None and config.simulate is not None:
+        node_ip = simulated_address(config.node_name)
+    if node_ip is None and clique.clique is not None:
+        clique = Clique(
+            None,
+            f"no address for this node's IMEX daemon: Node {config.node_name} has no "
+            "InternalIP and --node-ip is not set",
+        )
+    if clique.clique is None:
+        log.warning("%s publishes no IMEX channel: %s", DRIVER, clique.reason)
+    else:
+        log.info("serving %s: fabric clique %s, IMEX address %s", DRIVER, clique.clique, node_ip)
+    daemon_cmd, ctl_cmd = _imex_commands(config, plugin_dir)
+    daemon = ImexDaemon(
+        plugin_dir / "domains", [daemon_cmd], [ctl_cmd], on_change=metrics.daemon_changed
+    )
+    engine = ChannelEngine(
+        node_name=config.node_name,
+        plugin_dir=plugin_dir,
+        cdi_root=config.cdi_root,
+        host_root=config.host_root,
+        clique=clique,
+        node_ip=node_ip or "",
+        claim_reader=claim_reader,
+        domains=DomainApi(api_client),
+        daemon=daemon,
+        ready_timeout_s=config.imex_ready_timeout_s,
+    )
+    await engine.start()
+    await start_child("channel engine", engine.run)
+    publisher = SlicePublisher(
+        api_client, node_name=config.node_name, driver_name=DRIVER, node_uid=node_uid
+    )
+    publisher.set_devices(channel_devices(clique.clique))
+    child("channel slice publisher", publisher.run)
+    dra_socket, registration_socket = config.sockets_of(DRIVER)
+    plugin = KubeletPlugin(
+        driver_name=DRIVER,
+        dra_socket=dra_socket,
+        registration_socket=registration_socket,
+        engine=engine,
+    )
+    await start_child("compute-domain kubelet plugin", plugin.run)
+    log.info(
+        "ready",
+        extra={"driver": DRIVER, "dra_socket": str(dra_socket), "clique": clique.clique or ""},
+    )
+    return engine
+
+
+def simulated_address(node_name: str) -> str:
+    """A stable loopback address for a simulated node without one (127.x.y.z by name)."""
+    digest = hashlib.sha256(node_name.encode()).digest()
+    return f"127.{digest[0]}.{digest[1]}.{max(digest[2], 1)}"
+
+
+def _imex_commands(config: AgentConfig, plugin_dir: Path) -> tuple[str, str]:
+    """The daemon and ``nvidia-imex-ctl`` commands: a path as given; a bare name from the
+    driver root's ``usr/bin`` (in simulate mode, the simulated tools), else from PATH."""
+    search = [config.driver_files / "usr/bin"]
+    if config.simulate is not None:
+        from agent.imex.simulated import add_channel_major, install_tools
+
+        sim_bin = config.host_root / "driver-root"
+        fabric = config.sim_fabric_dir or plugin_dir / "sim-fabric"
+        install_tools(sim_bin, fabric, config.node_name)
+        add_channel_major(config.host_root, SIM_CHANNELS_MAJOR)
+        search.insert(0, sim_bin / "usr/bin")
+        log.info("simulated IMEX daemon and nvidia-imex-ctl, fabric directory %s", fabric)
+    daemon = config.imex_daemon_cmd
+    if "/" in daemon:
+        return daemon, str(Path(daemon).with_name("nvidia-imex-ctl"))
+
+    def find(name: str) -> str:
+        for directory in search:
+            if (directory / name).is_file():
+                return str(directory / name)
+        return shutil.which(name) or name  # a missing tool fails the prepare, naming it
+
+    return find(daemon), find("nvidia-imex-ctl")
+
+
+async def _node_address(api_client: Any, node_name: str) -> str | None:
+    """The Node's InternalIP (best effort: None when unreadable)."""
+    from kubernetes_asyncio import client
+
+    try:
+        with anyio.fail_after(5.0):
+            response: Any = await client.CoreV1Api(api_client).read_node(
+                node_name, _preload_content=False
+            )
+            import json
+
+            node = json.loads(await response.read())
+    except Exception as error:
+        log.warning("could not read Node %s for its address: %s", node_name, error)
+        return None
+    for address in (node.get("status") or {}).get("addresses") or []:
+        if address.get("type") == "InternalIP" and address.get("address"):
+            return str(address["address"])
+    return None

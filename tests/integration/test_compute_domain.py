@@ -1,0 +1,431 @@
+"""ComputeDomains end to end: two simulated GB200 trays (``tray-a``, ``tray-b``), each a real
+``gpu-dra-agent run`` process with its own kubelet emulator, sharing one simulated NVLink
+fabric directory, and the controller (``gpu-dra-agent controller``), all against one embedded
+API server. Claims are allocated by the allocator from the domain's ResourceClaimTemplate, as
+the scheduler would; the kubelet emulators call the ``compute-domain.nvidia.com`` sockets.
+
+Also: a claim whose domain is in another namespace, a node without a clique (dgx-h100), a
+second domain on a busy node, a daemon that never gets READY (retryable error within the
+deadline, the reason in the claim's error and in the domain's status) and ``kill -9`` of an
+agent while its daemon runs (the daemon is restarted once, nothing duplicated, the domain
+stays Ready).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from anyio.abc import Process
+
+from agent.imex.config import DRIVER as CD_DRIVER
+from agent.imex.daemon import CONFIG_FILE, NODES_FILE
+from agent.imex.domains import node_entries
+from agent.node.cdi import CdiSpecDirectory
+from agent.sim.allocation import ApiAccess, create_and_allocate_claim, delete_claim
+from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.deviceclasses import default_device_classes
+from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
+from tests.support.cdi_schema import assert_valid_cdi_spec
+
+pytestmark = pytest.mark.anyio
+TRAY = "gb200-nvl72-tray"
+NAMESPACE = "default"
+CLIQUE = "6f1a3c2e-9b4d-4e7a-8c21-3d5f7a9b1c0e.32766"
+ADDRESSES = {"tray-a": "10.0.7.1", "tray-b": "10.0.7.2", "tray-c": "10.0.7.3", "plain": ""}
+START_TIMEOUT = 40.0
+READY_TIMEOUT_S = 4
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+class Node:
+    """One simulated node: its agent process, its kubelet emulator and its directories."""
+
+    def __init__(self, name: str, root: Path, kubelet: KubeletEmulator, profile: str) -> None:
+        self.name = name
+        self.root = root
+        self.kubelet = kubelet
+        self.profile = profile
+        self.process: Process | None = None
+        self.starts = 0
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plugins" / CD_DRIVER
+
+    @property
+    def cdi(self) -> CdiSpecDirectory:
+        return CdiSpecDirectory(self.root / "cdi", CD_DRIVER)
+
+    def log(self) -> str:
+        return "".join(
+            (self.root / f"agent-{n}.log").read_text(errors="replace")
+            for n in range(1, self.starts + 1)
+        )
+
+    def domain_dir(self, uid: str) -> Path:
+        return self.plugin_dir / "domains" / uid
+
+    def checkpoint(self) -> dict[str, Any]:
+        try:
+            claims: dict[str, Any] = json.loads((self.plugin_dir / "checkpoint.json").read_text())[
+                "claims"
+            ]
+        except FileNotFoundError:
+            return {}
+        return claims
+
+
+class Cluster:
+    def __init__(self, workdir: Path, server: EmbeddedApiServer) -> None:
+        self.workdir = workdir
+        self.server = server
+        self.kubeconfig = server.write_kubeconfig(workdir / "kubeconfig")
+        self.api = ApiAccess(server.url, server.token)
+        self.fabric = workdir / "fabric"
+        self.nodes: dict[str, Node] = {}
+        self.controller: Process | None = None
+        self._claims: list[tuple[str, str]] = []
+
+    async def start(
+        self, node: Node, *, env: Mapping[str, str] | None = None, wait: bool = True
+    ) -> None:
+        node.starts += 1
+        registered = len(node.kubelet.events(EventKind.REGISTERED, CD_DRIVER))
+        command = [
+            sys.executable, "-m", "agent", "run", "--simulate", node.profile,
+            "--node-name", node.name, "--kubeconfig", str(self.kubeconfig),
+            "--registrar-dir", str(node.root / "registry"),
+            "--plugins-dir", str(node.root / "plugins"), "--cdi-root", str(node.root / "cdi"),
+            "--sim-fabric-dir", str(self.fabric), "--health-monitoring", "false",
+            "--imex-ready-timeout-seconds", str(READY_TIMEOUT_S),
+            "--compute-domains", "on",
+        ]  # fmt: skip
+        environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+        environ.update(env or {})
+        with (node.root / f"agent-{node.starts}.log").open("wb") as log_file:
+            node.process = await anyio.open_process(
+                command, stdout=log_file, stderr=log_file, env=environ
+            )
+        if wait:
+            try:
+                await node.kubelet.wait_event(
+                    EventKind.REGISTERED, CD_DRIVER, count=registered + 1, timeout=START_TIMEOUT
+                )
+            except TimeoutError:
+                raise AssertionError(f"{node.name} did not register:\n{node.log()}") from None
+
+    async def stop(self, node: Node, signal_number: signal.Signals = signal.SIGTERM) -> int:
+        process = node.process
+        assert process is not None
+        if process.returncode is None:
+            process.send_signal(signal_number)
+        with anyio.fail_after(20):
+            return await process.wait()
+
+    async def channel_claim(
+        self, node: Node, name: str, domain: Mapping[str, Any], *, namespace: str = NAMESPACE
+    ) -> ClaimRef:
+        """A claim as the domain's ResourceClaimTemplate makes it, allocated on ``node``."""
+        template = self.server.get_object(
+            "resourceclaimtemplates",
+            domain["spec"]["channel"]["resourceClaimTemplate"]["name"],
+            domain["metadata"]["namespace"],
+        )
+        assert template is not None, "the controller made no ResourceClaimTemplate"
+        manifest = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": template["spec"]["spec"],
+        }
+        self._claims.append((namespace, name))
+        created = await create_and_allocate_claim(self.api, manifest, node.name)
+        meta = created["metadata"]
+        return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+    async def prepare(self, node: Node, claim: ClaimRef) -> dict[str, Any]:
+        """The kubelet's NodePrepareResources for one claim, as a dict."""
+        answer = (await node.kubelet.prepare(CD_DRIVER, [claim]))[claim.uid]
+        devices = [
+            {
+                "device_name": d.device_name,
+                "pool_name": d.pool_name,
+                "cdi_device_ids": list(d.cdi_device_ids),
+            }
+            for d in answer.devices
+        ]
+        return {"error": answer.error, "devices": devices}
+
+    async def unprepare(self, node: Node, claim: ClaimRef) -> dict[str, Any]:
+        answer = (await node.kubelet.unprepare(CD_DRIVER, [claim]))[claim.uid]
+        return {"error": answer.error}
+
+    async def delete_claims(self) -> None:
+        claims, self._claims = self._claims, []
+        for namespace, name in claims:
+            await delete_claim(self.api, namespace, name)
+
+    def domain(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+        found = self.server.get_object("computedomains", name, namespace)
+        assert found is not None, f"ComputeDomain {namespace}/{name} is gone"
+        return found
+
+    async def create_domain(
+        self, name: str, *, namespace: str = NAMESPACE, num_nodes: int = 0, mode: str = "Single"
+    ) -> dict[str, Any]:
+        self.server.put_object(
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "ComputeDomain",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {
+                    "numNodes": num_nodes,
+                    "channel": {
+                        "resourceClaimTemplate": {"name": f"{name}-channel"},
+                        "allocationMode": mode,
+                    },
+                },
+            }
+        )
+        template = f"{name}-channel"
+        await eventually(
+            lambda: (
+                self.server.get_object("resourceclaimtemplates", template, namespace) is not None
+            ),
+            what=f"the controller's ResourceClaimTemplate {template}",
+        )
+        return self.domain(name, namespace)
+
+
+async def eventually(check: Any, *, what: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109
+    with anyio.move_on_after(timeout):
+        while not check():  # noqa: ASYNC110 - files and API objects of other processes
+            await anyio.sleep(0.1)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def imex_daemons(config: Path) -> list[int]:
+    """Pids of running (simulated) IMEX daemons whose command line names ``config``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().split(") ", 1)[1][0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and b"nvidia-imex" in cmdline and str(config).encode() in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="cd-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+async def cluster(workdir: Path) -> AsyncIterator[Cluster]:
+    """The API server, the controller, and agents on tray-a and tray-b (gb200-nvl72-tray)
+    and on plain (dgx-h100: no fabric clique)."""
+    async with EmbeddedApiServer() as server, AsyncExitStack() as stack:
+        for device_class in default_device_classes():
+            server.put_object(device_class)
+        cluster = Cluster(workdir, server)
+        try:
+            for name, profile in (("tray-a", TRAY), ("tray-b", TRAY), ("plain", "dgx-h100")):
+                node: dict[str, Any] = {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": name},
+                }
+                if ADDRESSES[name]:
+                    node["status"] = {
+                        "addresses": [{"type": "InternalIP", "address": ADDRESSES[name]}]
+                    }
+                server.put_object(node)
+                root = workdir / name
+                kubelet = await stack.enter_async_context(
+                    KubeletEmulator(
+                        root / "registry",
+                        node_name=name,
+                        poll_interval=0.05,
+                        api_access=cluster.api,
+                    )
+                )
+                cluster.nodes[name] = Node(name, root, kubelet, profile)
+            await start_controller(cluster)
+            async with anyio.create_task_group() as group:
+                for node_ in cluster.nodes.values():
+                    group.start_soon(cluster.start, node_)
+            yield cluster
+        finally:
+            for node_ in cluster.nodes.values():
+                if node_.process is not None and node_.process.returncode is None:
+                    await cluster.stop(node_)
+            if cluster.controller is not None and cluster.controller.returncode is None:
+                cluster.controller.terminate()
+                await cluster.controller.wait()
+
+
+async def start_controller(cluster: Cluster) -> None:
+    log = (cluster.workdir / "controller.log").open("wb")
+    cluster.controller = await anyio.open_process(
+        [
+            sys.executable, "-m", "agent", "controller", "--kubeconfig", str(cluster.kubeconfig),
+            "--lease-namespace", "gpu-dra-agent", "--identity", "controller-0",
+            "--resync-seconds", "0.2",
+        ],
+        stdout=log,
+        stderr=log,
+    )  # fmt: skip
+    log.close()
+
+
+@pytest.fixture(autouse=True)
+async def _claims_deleted(cluster: Cluster) -> AsyncIterator[None]:
+    yield
+    await cluster.delete_claims()
+
+
+# -- the whole story ----------------------------------------------------------------------------
+
+
+async def test_a_domain_across_two_trays_goes_ready_and_is_cleaned_up(cluster: Cluster) -> None:
+    tray_a, tray_b = cluster.nodes["tray-a"], cluster.nodes["tray-b"]
+    for node in (tray_a, tray_b):  # each tray publishes its channel with the clique
+        item = await published_channel(cluster, node.name)
+        attributes = item["attributes"]
+        assert attributes["type"] == {"string": "channel"} and attributes["id"] == {"int": 0}
+        assert attributes["fabricClique"] == {"string": CLIQUE}
+    domain = await cluster.create_domain("cd-ab", num_nodes=2)
+    uid = domain["metadata"]["uid"]
+    assert domain["metadata"]["finalizers"] == ["resource.nvidia.com/computeDomain"]
+    template = cluster.server.get_object("resourceclaimtemplates", "cd-ab-channel", NAMESPACE)
+    assert template is not None
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == "compute-domain-default-channel.nvidia.com"
+    (config,) = template["spec"]["spec"]["devices"]["config"]
+    assert config["opaque"]["driver"] == CD_DRIVER
+    assert config["opaque"]["parameters"]["domainID"] == uid
+
+    claim_a = await cluster.channel_claim(tray_a, "pod-a-channel", domain)
+    claim_b = await cluster.channel_claim(tray_b, "pod-b-channel", domain)
+    answers = {}
+    async with anyio.create_task_group() as group:
+
+        async def prepare(node: Node, claim: ClaimRef) -> None:
+            answers[node.name] = await cluster.prepare(node, claim)
+
+        group.start_soon(prepare, tray_a, claim_a)
+        group.start_soon(prepare, tray_b, claim_b)
+    for node, claim in ((tray_a, claim_a), (tray_b, claim_b)):
+        answer = answers[node.name]
+        assert not answer.get("error"), f"{answer}\n{node.log()}"
+        (device,) = answer["devices"]
+        assert device["device_name"] == "channel-0" and device["pool_name"] == node.name
+        assert device["cdi_device_ids"] == [f"k8s.{CD_DRIVER}/claim={claim.uid}-channel-0"]
+        spec = json.loads(node.cdi.claim_path(claim.uid).read_text())
+        (entry,) = spec["devices"]
+        assert entry["name"] == f"{claim.uid}-channel-0"
+        assert entry["containerEdits"]["deviceNodes"] == [
+            {
+                "path": "/dev/nvidia-caps-imex-channels/channel0",
+                "type": "c",
+                "major": 236,
+                "minor": 0,
+            }
+        ]
+        assert spec["kind"] == f"k8s.{CD_DRIVER}/claim"
+        assert_valid_cdi_spec(spec)
+
+    # both daemons list both nodes and are READY; the domain goes Ready
+    async def both_listed() -> None:
+        for node in (tray_a, tray_b):
+            await eventually(
+                lambda n=node: (
+                    (n.domain_dir(uid) / NODES_FILE).is_file()
+                    and set((n.domain_dir(uid) / NODES_FILE).read_text().split())
+                    == {ADDRESSES["tray-a"], ADDRESSES["tray-b"]}
+                ),
+                what=f"{node.name}'s daemon config to list both nodes",
+            )
+
+    await both_listed()
+    for node in (tray_a, tray_b):
+        settings = (node.domain_dir(uid) / CONFIG_FILE).read_text()
+        assert f"IMEX_CMD_BIND_INTERFACE_IP={ADDRESSES[node.name]}" in settings
+        assert len(imex_daemons(node.domain_dir(uid) / CONFIG_FILE)) == 1
+    await eventually(
+        lambda: cluster.domain("cd-ab").get("status", {}).get("status") == "Ready",
+        what="the domain to go Ready",
+    )
+    entries = node_entries(cluster.domain("cd-ab"))
+    assert {e.name for e in entries} == {"tray-a", "tray-b"}
+    assert sorted(e.index for e in entries) == [0, 1]
+    assert all(e.status == "Ready" and e.clique == CLIQUE for e in entries)
+    events = cluster.server.list_objects("events", namespace=NAMESPACE)
+    joined = [
+        e for e in events if e["reason"] == "NodeJoined" and e["involvedObject"]["uid"] == uid
+    ]
+    assert len(joined) == 2
+
+    # unprepare on tray-b: its entry goes, its daemon stops; tray-a's config follows
+    assert not (await cluster.unprepare(tray_b, claim_b)).get("error")
+    assert [e.name for e in node_entries(cluster.domain("cd-ab"))] == ["tray-a"]
+    assert imex_daemons(tray_b.domain_dir(uid) / CONFIG_FILE) == []
+    assert not tray_b.domain_dir(uid).exists()
+    assert not tray_b.cdi.claim_path(claim_b.uid).exists()
+    await eventually(
+        lambda: (tray_a.domain_dir(uid) / NODES_FILE).read_text().split() == [ADDRESSES["tray-a"]],
+        what="tray-a's daemon config to drop tray-b",
+    )
+    await eventually(
+        lambda: cluster.domain("cd-ab")["status"]["status"] == "NotReady",
+        what="the domain with one of two nodes to be NotReady",
+    )
+    assert not (await cluster.unprepare(tray_a, claim_a)).get("error")
+    assert node_entries(cluster.domain("cd-ab")) == []
+
+    # deleting the domain removes its template, then the domain itself
+    cluster.server.delete_object("computedomains", "cd-ab", NAMESPACE)
+    await eventually(
+        lambda: cluster.server.get_object("computedomains", "cd-ab", NAMESPACE) is None,
+        what="the domain's finalizer to be dropped",
+    )
+    assert cluster.server.get_object("resourceclaimtemplates", "cd-ab-channel", NAMESPACE) is None
+
+
+async def published_channel(cluster: Cluster, node: str) -> dict[str, Any]:
+    selector = f"spec.nodeName={node},spec.driver={CD_DRIVER}"
+    found: list[dict[str, Any]] = []
+
+    def published() -> bool:
+        found[:] = cluster.server.list_objects("resourceslices", field_selector=selector)
+        return bool(found and found[0]["spec"].get("devices"))
+
+    await eventually(published, what=f"{node}'s channel slice")
+    (device,) = found[0]["spec"]["devices"]
+    assert device["name"] == "channel-0"
+    return dict(device)
