@@ -34,6 +34,7 @@ from agent.imex.domains import node_entries
 from agent.node.cdi import CdiSpecDirectory
 from agent.sim.allocation import ApiAccess, create_and_allocate_claim, delete_claim
 from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
 from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 from tests.support.cdi_schema import assert_valid_cdi_spec
@@ -155,6 +156,34 @@ class Cluster:
         }
         self._claims.append((namespace, name))
         created = await create_and_allocate_claim(self.api, manifest, node.name)
+        meta = created["metadata"]
+        return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+    async def hand_claim(self, node: Node, name: str, domain: Mapping[str, Any]) -> ClaimRef:
+        """A channel claim with a hand-written allocation of ``node``'s channel-0: what the
+        scheduler writes only when the claim holding it was deallocated before the kubelet
+        unprepared it (the node still serves that claim's domain)."""
+        config = OpaqueConfig(
+            {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "ComputeDomainChannelConfig",
+                "domainID": domain["metadata"]["uid"],
+                "allocationMode": "Single",
+            },
+            driver=CD_DRIVER,
+            requests=("channel",),
+        )
+        device = AllocatedDevice("channel", "channel-0", node.name, driver=CD_DRIVER)
+        created = await create_allocated_claim(
+            self.server.url,
+            name,
+            [device],
+            namespace=domain["metadata"]["namespace"],
+            configs=[config],
+            node_name=node.name,
+            device_class_name="compute-domain-default-channel.nvidia.com",
+        )
+        self._claims.append((domain["metadata"]["namespace"], name))
         meta = created["metadata"]
         return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
@@ -429,3 +458,141 @@ async def published_channel(cluster: Cluster, node: str) -> dict[str, Any]:
     (device,) = found[0]["spec"]["devices"]
     assert device["name"] == "channel-0"
     return dict(device)
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+
+async def test_a_domain_of_another_namespace_is_a_permanent_error(cluster: Cluster) -> None:
+    tray_a = cluster.nodes["tray-a"]
+    domain = await cluster.create_domain("cd-other", namespace="team-b")
+    claim = await cluster.channel_claim(tray_a, "foreign-channel", domain, namespace=NAMESPACE)
+    answer = await cluster.prepare(tray_a, claim)
+    assert "is in namespace team-b, the claim in default" in answer["error"]
+    assert "permanent error" in answer["error"]
+    assert node_entries(cluster.domain("cd-other", "team-b")) == []
+    assert tray_a.checkpoint() == {}
+    assert not (await cluster.unprepare(tray_a, claim))["error"]
+
+
+async def test_a_node_without_a_clique_publishes_no_channel_and_says_why(cluster: Cluster) -> None:
+    plain = cluster.nodes["plain"]
+    selector = f"spec.nodeName=plain,spec.driver={CD_DRIVER}"
+    await anyio.sleep(0.5)  # the publisher has had time to write what it wants
+    for item in cluster.server.list_objects("resourceslices", field_selector=selector):
+        assert not item["spec"].get("devices"), item
+    assert f"{CD_DRIVER} publishes no IMEX channel: no usable fabric clique" in plain.log()
+    domain = await cluster.create_domain("cd-plain")
+    with pytest.raises(Exception, match=r"(?i)cannot|no device|unsatisf|fit"):
+        await cluster.channel_claim(plain, "plain-channel", domain)
+
+
+async def test_a_busy_node_refuses_a_second_domain(cluster: Cluster) -> None:
+    tray_a = cluster.nodes["tray-a"]
+    first = await cluster.create_domain("cd-first")
+    second = await cluster.create_domain("cd-second")
+    claim_first = await cluster.channel_claim(tray_a, "first-channel", first)
+    assert not (await cluster.prepare(tray_a, claim_first))["error"], tray_a.log()
+    # the scheduler would not give channel-0 to a second claim while the first holds it
+    with pytest.raises(Exception, match=r"does not fit node tray-a"):
+        await cluster.channel_claim(tray_a, "second-channel", second)
+    claim_second = await cluster.hand_claim(tray_a, "second-channel-by-hand", second)
+    answer = await cluster.prepare(tray_a, claim_second)
+    assert "already serves ComputeDomain default/cd-first" in answer["error"]
+    assert "serves one ComputeDomain at a time" in answer["error"]
+    assert node_entries(cluster.domain("cd-second")) == []
+    # a second claim of the same domain shares the daemon; the last unprepare stops it
+    another = await cluster.hand_claim(tray_a, "first-channel-2", first)
+    assert not (await cluster.prepare(tray_a, another))["error"]
+    config = tray_a.domain_dir(first["metadata"]["uid"]) / CONFIG_FILE
+    assert len(imex_daemons(config)) == 1
+    assert not (await cluster.unprepare(tray_a, claim_first))["error"]
+    assert len(imex_daemons(config)) == 1 and len(node_entries(cluster.domain("cd-first"))) == 1
+    assert not (await cluster.unprepare(tray_a, another))["error"]
+    assert imex_daemons(config) == [] and node_entries(cluster.domain("cd-first")) == []
+    assert not (await cluster.unprepare(tray_a, claim_second))["error"]
+
+
+async def test_a_daemon_that_never_gets_ready_fails_the_prepare_retryably(
+    cluster: Cluster,
+) -> None:
+    tray_b = cluster.nodes["tray-b"]
+    faults = cluster.fabric / "faults"
+    faults.mkdir(parents=True, exist_ok=True)
+    (faults / "tray-b").write_text("hang\n")
+    try:
+        domain = await cluster.create_domain("cd-hang")
+        claim = await cluster.channel_claim(tray_b, "hang-channel", domain)
+        started = anyio.current_time()
+        answer = await cluster.prepare(tray_b, claim)
+        took = anyio.current_time() - started
+    finally:
+        (faults / "tray-b").unlink()
+    assert READY_TIMEOUT_S <= took < 45, took
+    error = answer["error"]
+    assert f"not READY after {READY_TIMEOUT_S} s" in error
+    assert "simulated hang" in error and "retried by the kubelet" in error
+    stored = cluster.domain("cd-hang")
+    (entry,) = node_entries(stored)
+    assert (entry.name, entry.status) == ("tray-b", "NotReady")
+    (condition,) = stored["status"]["conditions"]
+    assert condition["type"] == "IMEXDaemonReady.tray-b" and condition["status"] == "False"
+    assert "simulated hang" in condition["message"]
+    events = cluster.server.list_objects("events", namespace=NAMESPACE)
+    assert any(
+        e["reason"] == "IMEXDaemonNotReady" and e["involvedObject"]["name"] == "cd-hang"
+        for e in events
+    )
+    assert tray_b.checkpoint()[claim.uid]["state"] == "PrepareStarted"
+    # the pod goes away: unprepare stops the daemon and leaves the domain
+    assert not (await cluster.unprepare(tray_b, claim))["error"]
+    assert node_entries(cluster.domain("cd-hang")) == []
+    assert "conditions" not in cluster.domain("cd-hang")["status"]
+    assert imex_daemons(tray_b.domain_dir(domain["metadata"]["uid"]) / CONFIG_FILE) == []
+
+
+# -- crash --------------------------------------------------------------------------------------
+
+
+async def test_kill_9_while_the_daemon_runs_restarts_it_once_and_the_domain_stays_ready(
+    cluster: Cluster,
+) -> None:
+    tray_a, tray_b = cluster.nodes["tray-a"], cluster.nodes["tray-b"]
+    domain = await cluster.create_domain("cd-crash", num_nodes=2)
+    uid = domain["metadata"]["uid"]
+    claims = {
+        node.name: await cluster.channel_claim(node, f"crash-{node.name}", domain)
+        for node in (tray_a, tray_b)
+    }
+    for node in (tray_a, tray_b):
+        assert not (await cluster.prepare(node, claims[node.name]))["error"], node.log()
+    await eventually(
+        lambda: cluster.domain("cd-crash")["status"].get("status") == "Ready",
+        what="the domain to go Ready",
+    )
+    config = tray_a.domain_dir(uid) / CONFIG_FILE
+    (before,) = imex_daemons(config)
+
+    assert await cluster.stop(tray_a, signal.SIGKILL) == -signal.SIGKILL
+    assert imex_daemons(config) == [before], "the daemon outlives its agent"
+    await cluster.start(tray_a)
+    await eventually(
+        lambda: (pids := imex_daemons(config)) != [] and before not in pids,
+        what="tray-a's daemon to be replaced",
+    )
+    await anyio.sleep(1.5)  # a few rounds of the agent following its domain
+    (after,) = imex_daemons(config)
+    assert after != before
+    assert tray_a.log().count("a previous agent left running") == 1
+    stored = cluster.domain("cd-crash")
+    assert stored["status"]["status"] == "Ready"
+    entries = node_entries(stored)
+    assert sorted(e.name for e in entries) == ["tray-a", "tray-b"]
+    assert all(e.status == "Ready" for e in entries)
+    # the kubelet's retry of the prepare gets the recorded answer, nothing new is made
+    answer = await cluster.prepare(tray_a, claims["tray-a"])
+    assert not answer["error"] and answer["devices"][0]["device_name"] == "channel-0"
+    assert imex_daemons(config) == [after]
+    for node in (tray_a, tray_b):
+        assert not (await cluster.unprepare(node, claims[node.name]))["error"]
+    assert node_entries(cluster.domain("cd-crash")) == []
