@@ -130,6 +130,7 @@ class ImexDaemon:
                 changed = True
         if changed or self.status.domain != domain:
             self.status.domain = domain
+            self.status.state = "starting"  # readiness waits for the daemon of this config
             self._generation += 1
             self._stopped = anyio.Event()
             self._wake.set()

@@ -1,0 +1,122 @@
+"""The IMEX daemon's supervision with the simulated ``nvidia-imex``: READY when every listed
+peer is up, restart on crash with backoff and on a config change, the daemon's words in the
+readiness answer, a leftover daemon of a killed agent replaced, never duplicated."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agent.imex.daemon import CONFIG_FILE, NODES_FILE, PID_FILE, DaemonStatus, ImexDaemon
+from agent.imex.simulated import install_tools
+
+pytestmark = pytest.mark.anyio
+DOMAIN = "0b6f5f2e-8d6a-4b7e-9a31-2f1c7d9e4a10"
+
+
+def daemon_for(tmp_path: Path, node: str, changes: list[tuple[str, str]]) -> ImexDaemon:
+    tools = install_tools(tmp_path / node / "driver-root", tmp_path / "fabric", node)
+
+    def record(status: DaemonStatus, reason: str) -> None:
+        changes.append((status.state, reason))
+
+    return ImexDaemon(
+        tmp_path / node / "domains",
+        [str(tools["nvidia-imex"])],
+        [str(tools["nvidia-imex-ctl"])],
+        on_change=record,
+        backoff_initial=0.1,
+    )
+
+
+async def test_ready_when_every_peer_is_up_and_restarted_on_config_change(tmp_path: Path) -> None:
+    changes: list[tuple[str, str]] = []
+    a, b = daemon_for(tmp_path, "a", changes), daemon_for(tmp_path, "b", [])
+    async with anyio.create_task_group() as group:
+        await group.start(a.run)
+        await group.start(b.run)
+        assert a.configure(DOMAIN, "10.0.0.1", ["10.0.0.1", "10.0.0.2"])
+        ready, said = await a.wait_ready(DOMAIN, 1.5)
+        assert not ready and "waiting for peer(s) 10.0.0.2" in said
+        b.configure(DOMAIN, "10.0.0.2", ["10.0.0.1", "10.0.0.2"])
+        assert (await a.wait_ready(DOMAIN, 10))[0] and (await b.wait_ready(DOMAIN, 10))[0]
+        assert (a.directory(DOMAIN) / NODES_FILE).read_text() == "10.0.0.1\n10.0.0.2\n"
+        first = a.status.pid
+        assert not a.configure(DOMAIN, "10.0.0.1", ["10.0.0.1", "10.0.0.2"])  # unchanged
+        assert a.configure(DOMAIN, "10.0.0.1", ["10.0.0.1"])  # tray b left
+        assert (await a.wait_ready(DOMAIN, 10))[0]
+        assert a.status.pid != first and a.status.restarts == 1
+        assert ("starting", "config") in changes
+        await a.stop(DOMAIN)
+        await b.stop(DOMAIN)
+        assert not a.directory(DOMAIN).exists()
+        assert a.status.state == "stopped"
+        group.cancel_scope.cancel()
+
+
+async def test_a_failing_daemon_is_restarted_with_backoff_and_its_words_are_kept(
+    tmp_path: Path,
+) -> None:
+    changes: list[tuple[str, str]] = []
+    daemon = daemon_for(tmp_path, "a", changes)
+    faults = tmp_path / "fabric" / "faults"
+    faults.mkdir(parents=True)
+    (faults / "a").write_text("fail")
+    async with anyio.create_task_group() as group:
+        await group.start(daemon.run)
+        daemon.configure(DOMAIN, "10.0.0.1", ["10.0.0.1"])
+        ready, said = await daemon.wait_ready(DOMAIN, 1.0)
+        assert not ready
+        assert "cannot bind 10.0.0.1:50000 (simulated failure)" in said
+        assert "last exit: exit status 1" in said
+        assert daemon.status.restarts >= 2, "restarted with a 0.1 s backoff, doubling"
+        assert daemon.status.restarts <= 5, "the backoff grows"
+        assert ("backoff", "crash") in changes
+        (faults / "a").unlink()
+        assert (await daemon.wait_ready(DOMAIN, 10))[0]
+        group.cancel_scope.cancel()
+    assert daemon.status.state == "stopped"
+
+
+async def test_a_daemon_left_by_a_killed_agent_is_replaced_not_duplicated(tmp_path: Path) -> None:
+    old = daemon_for(tmp_path, "a", [])
+    leftover = 0
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            await group.start(old.run)
+            old.configure(DOMAIN, "10.0.0.1", ["10.0.0.1"])
+            assert (await old.wait_ready(DOMAIN, 10))[0]
+            leftover = old.status.pid or 0
+            assert leftover
+            # what kill -9 of the agent leaves: the daemon, its pid file; forget it here
+            old._process = None
+            scope.cancel()
+    os.kill(leftover, 0)  # still running
+    new = daemon_for(tmp_path, "a", [])
+    async with anyio.create_task_group() as group:
+        await group.start(new.run)
+        new.configure(DOMAIN, "10.0.0.1", ["10.0.0.1"])
+        assert (await new.wait_ready(DOMAIN, 10))[0]
+        assert new.status.pid != leftover
+        assert (new.directory(DOMAIN) / PID_FILE).read_text().strip() == str(new.status.pid)
+        with pytest.raises(ProcessLookupError):
+            for _ in range(100):
+                os.kill(leftover, 0)
+                await anyio.sleep(0.05)
+        assert (new.directory(DOMAIN) / CONFIG_FILE).is_file()
+        group.cancel_scope.cancel()
+
+
+async def test_a_missing_daemon_command_is_reported(tmp_path: Path) -> None:
+    daemon = ImexDaemon(tmp_path, ["/nonexistent/nvidia-imex"], ["/nonexistent/nvidia-imex-ctl"])
+    async with anyio.create_task_group() as group:
+        await group.start(daemon.run)
+        daemon.configure(DOMAIN, "10.0.0.1", ["10.0.0.1"])
+        ready, said = await daemon.wait_ready(DOMAIN, 0.5)
+        assert not ready and "cannot start /nonexistent/nvidia-imex" in said
+        group.cancel_scope.cancel()
+    assert signal.SIGTERM  # the module's imports stay used
