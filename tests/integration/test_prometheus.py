@@ -136,6 +136,13 @@ async def sim_xid(harness: AgentHarness, gpu: int, xid: int) -> None:
 async def exercise(harness: AgentHarness) -> None:
     """A prepare (with the kubelet's trace), an unprepare, a claim error, an XID 79."""
     await harness.wait_slices()
+    # first: the traced prepare below must be the last one of its latency bucket (exemplar)
+    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+    shared = await harness.claim(
+        ["gpu-2"], configs=[OpaqueConfig({**mps, "sharing": {"strategy": "MPS"}})]
+    )
+    assert not (await harness.prepare(shared))[shared.uid].error  # an MPS daemon, then none
+    assert not (await harness.unprepare(shared))[shared.uid].error
     claim = await harness.claim(["gpu-1"])
     kubelet = trace.NonRecordingSpan(
         trace.SpanContext(TRACE_ID, 0x00F067AA0BA902B7, False, trace.TraceFlags(1))
@@ -147,12 +154,6 @@ async def exercise(harness: AgentHarness) -> None:
     mig = await harness.claim(["gpu-4-mig-1g10gb-19-0"])  # dynamic MIG: made, then destroyed
     assert not (await harness.prepare(mig))[mig.uid].error
     assert not (await harness.unprepare(mig))[mig.uid].error
-    mps = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
-    shared = await harness.claim(
-        ["gpu-2"], configs=[OpaqueConfig({**mps, "sharing": {"strategy": "MPS"}})]
-    )
-    assert not (await harness.prepare(shared))[shared.uid].error  # an MPS daemon, then none
-    assert not (await harness.unprepare(shared))[shared.uid].error
     bad = await harness.claim(["gpu-99"])  # no such device: a per-claim error
     assert (await harness.prepare(bad))[bad.uid].error
     # the XID's taint is written through a failing API server (a publish error, retried),
