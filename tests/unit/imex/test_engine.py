@@ -1,0 +1,159 @@
+"""The channel engine in process, against the embedded API server over HTTP and the simulated
+IMEX tools: its spans (imex.channel.attach, imex.daemon.configure, imex.daemon.wait_ready
+under claim.prepare), its metrics, the Events on the domain, the refusal of a claim from a
+node without a clique, and the recorded answer on the kubelet's retry."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from agent.imex.config import DRIVER, ChannelConfig
+from agent.imex.daemon import ImexDaemon
+from agent.imex.domains import DomainApi, node_entries
+from agent.imex.engine import ChannelEngine
+from agent.imex.fabric import Clique
+from agent.imex.metrics import daemon_changed
+from agent.imex.simulated import add_channel_major, install_tools
+from agent.kube.claims import ApiClaimReader
+from agent.node.types import ClaimRef
+from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
+from agent.telemetry.tracing import configure_tracing
+from tests.support.metrics import reading
+from tests.unit.imex.conftest import compute_domain
+
+pytestmark = pytest.mark.anyio
+CLIQUE = "6f1a3c2e-9b4d-4e7a-8c21-3d5f7a9b1c0e.32766"
+TRAY_CLIQUE = Clique(CLIQUE)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    configure_tracing(exporter=InMemorySpanExporter())  # a provider for the whole session
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()
+
+
+async def make_engine(
+    tmp_path: Path, api_client: Any, clique: Clique = TRAY_CLIQUE
+) -> tuple[ChannelEngine, ApiClaimReader]:
+    reading()  # the meter provider, so the engine's metrics are recorded
+    host = tmp_path / "host"
+    tools = install_tools(host / "driver-root", tmp_path / "fabric", "tray-a")
+    add_channel_major(host, 236)
+    reader = ApiClaimReader(api_client)
+    plugin_dir = tmp_path / "plugins" / DRIVER
+    daemon = ImexDaemon(
+        plugin_dir / "domains",
+        [str(tools["nvidia-imex"])],
+        [str(tools["nvidia-imex-ctl"])],
+        on_change=daemon_changed,
+    )
+    engine = ChannelEngine(
+        node_name="tray-a",
+        plugin_dir=plugin_dir,
+        cdi_root=tmp_path / "cdi",
+        host_root=host,
+        clique=clique,
+        node_ip="10.0.9.1",
+        claim_reader=reader,
+        domains=DomainApi(api_client),
+        daemon=daemon,
+        ready_timeout_s=10,
+        follow_interval_s=0.2,
+    )
+    await engine.start()
+    return engine, reader
+
+
+async def channel_claim(apiserver: EmbeddedApiServer, name: str, domain_uid: str) -> ClaimRef:
+    created = await create_allocated_claim(
+        apiserver.url,
+        name,
+        [AllocatedDevice("channel", "channel-0", "tray-a", driver=DRIVER)],
+        configs=[OpaqueConfig(ChannelConfig(domain_uid).to_dict(), driver=DRIVER)],
+        node_name="tray-a",
+    )
+    meta = created["metadata"]
+    return ClaimRef(meta["namespace"], meta["uid"], meta["name"])
+
+
+@pytest.fixture
+async def running(
+    tmp_path: Path, api_client: Any
+) -> AsyncIterator[tuple[ChannelEngine, ApiClaimReader]]:
+    engine, reader = await make_engine(tmp_path, api_client)
+    async with anyio.create_task_group() as group:
+        await group.start(engine.run)
+        yield engine, reader
+        group.cancel_scope.cancel()
+    await reader.close()
+
+
+async def test_prepare_is_traced_counted_and_announced(
+    apiserver: EmbeddedApiServer,
+    running: tuple[ChannelEngine, ApiClaimReader],
+    spans: InMemorySpanExporter,
+) -> None:
+    engine, _ = running
+    stored = apiserver.put_object(compute_domain())
+    uid = stored["metadata"]["uid"]
+    ref = await channel_claim(apiserver, "traced", uid)
+    joins = reading().value("gpu_dra_imex_domain_changes", change="join")
+    result = (await engine.prepare([ref]))[ref.uid]
+    assert result.error is None, result.error
+    assert reading().value("gpu_dra_imex_domain_changes", change="join") == joins + 1
+    assert reading().value("gpu_dra_imex_daemon_state", state="running") == 1.0
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    prepare, attach = finished["claim.prepare"], finished["imex.channel.attach"]
+    assert attach.parent is not None and attach.parent.span_id == prepare.context.span_id
+    assert attach.attributes is not None
+    assert attach.attributes["imex.domain.uid"] == uid
+    assert attach.attributes["imex.clique"] == CLIQUE
+    assert attach.attributes["imex.channels"] == 1
+    assert attach.attributes["imex.node.index"] == 0
+    for child in ("imex.daemon.configure", "imex.daemon.wait_ready"):
+        parent = finished[child].parent
+        assert parent is not None and parent.span_id == attach.context.span_id
+    events = apiserver.list_objects("events", namespace="default")
+    assert [e["reason"] for e in events] == ["NodeJoined"]
+    assert "index 0 (10.0.9.1" in events[0]["message"]
+    (entry,) = node_entries(apiserver.get_object("computedomains", "cd", "default") or {})
+    assert entry.status == "Ready"
+    # the kubelet's retry: the recorded answer, no second join
+    again = (await engine.prepare([ref]))[ref.uid]
+    assert again == result
+    assert len(apiserver.list_objects("events", namespace="default")) == 1
+    assert (await engine.unprepare([ref]))[ref.uid] is None
+    assert reading().value("gpu_dra_imex_daemon_state", state="stopped") == 1.0
+    reasons = [e["reason"] for e in apiserver.list_objects("events", namespace="default")]
+    assert reasons == ["NodeJoined", "NodeLeft"]
+    assert engine.claims == {}
+
+
+async def test_a_node_without_a_clique_refuses_with_the_reason(
+    apiserver: EmbeddedApiServer, tmp_path: Path, api_client: Any
+) -> None:
+    engine, reader = await make_engine(
+        tmp_path, api_client, Clique(None, "no usable fabric clique: GPU 0 (no NVLink fabric)")
+    )
+    stored = apiserver.put_object(compute_domain())
+    ref = await channel_claim(apiserver, "nowhere", stored["metadata"]["uid"])
+    result = (await engine.prepare([ref]))[ref.uid]
+    assert result.error is not None
+    assert "cannot join a ComputeDomain: no usable fabric clique: GPU 0" in result.error
+    assert engine.claims == {}
+    await reader.close()
