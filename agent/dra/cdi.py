@@ -16,7 +16,10 @@ CDI specs (Container Device Interface). The agent writes two kinds, both of kind
   ``<claimUID>-<deviceName>`` per prepared device: ``/dev/nvidia<minor>`` and, for a MIG
   device, the GPU-instance and compute-instance capability nodes
   ``/dev/nvidia-caps/nvidia-cap<N>`` as char devices with explicit major and minor, so
-  the runtime creates them in the container even where the host lacks the node files.
+  the runtime creates them in the container even where the host lacks the node files; for a
+  device shared through MPS (``agent.sharing``) also ``CUDA_MPS_PIPE_DIRECTORY`` and
+  ``CUDA_MPS_LOG_DIRECTORY`` and read-write mounts of the daemon's pipe, log and shm
+  directories (``mps_edits``).
 
 Claim UIDs are checked to be canonical UUIDs before any name or path is built from them: a
 UID such as ``../../etc`` must never reach the file system.

@@ -6,7 +6,8 @@ everything needed to undo a prepare, and to rebuild its CDI spec without the Res
 or NVML, is recorded here: per claim its two-phase state (``PrepareStarted`` is written
 before any hardware or file changes, ``PrepareCompleted`` before the kubelet is answered),
 the prepared devices with their UUIDs, minors, MIG instance ids and capability device
-numbers, the effective opaque config, whether the device was prepared for ``adminAccess``
+numbers, the effective opaque config, the directories of the MPS daemon it is shared through
+(``mps``, only when set), whether the device was prepared for ``adminAccess``
 (so that after a restart or a reload it still does not count as exclusive) and the CDI spec
 file name.
 
