@@ -7,7 +7,8 @@ this server works against a cluster. The demo ships with it; tests start one per
 Implemented:
   * kinds (table-driven, :mod:`.kinds`): ``resource.k8s.io/v1`` resourceslices, resourceclaims (with
     ``status``), deviceclasses; core ``v1`` nodes (with ``status``) and events;
-    ``resource.nvidia.com/v1beta1`` computedomains (with ``status``);
+    ``resource.nvidia.com/v1beta1`` computedomains (with ``status``); ``resource.k8s.io/v1``
+    resourceclaimtemplates; ``coordination.k8s.io/v1`` leases;
   * verbs: get, list (field and label selectors, ``limit``/``continue``), create (``generateName``),
     update (optimistic concurrency, generation bumps, status subresource split), patch (JSON patch, merge
     patch, strategic merge patch with merge semantics and whole-list replacement), delete (returns the
@@ -21,7 +22,8 @@ Implemented:
 
 Not implemented: authentication, authorization and RBAC (the token is ignored); admission; OpenAPI
 schema validation and defaulting (only names, ResourceSlice required/immutable fields, kind and
-namespace are checked); finalizers, graceful deletion and foreground/orphan propagation; feature gates
+namespace are checked); graceful deletion periods and foreground/orphan propagation (finalizers are
+honoured: a delete marks ``deletionTimestamp``, removing the last finalizer completes it); feature gates
 (no fields are dropped); server-side apply (``application/apply-patch+yaml`` is 415); strategic-merge
 list merging by key and ``$patch`` directives; ``resourceVersion``/``resourceVersionMatch`` on LIST
 (always the latest state); dry run; field managers; label-selector ``>``/``<``; namespaces as objects
