@@ -165,12 +165,15 @@ async def _demo_steps(
                     trace_id = await _prepare_and_unprepare(server, kubelet, node)
                     await _dynamic_mig(server, kubelet, node, workdir / "plugins")
                     await _gpu_health(server, kubelet, node, workdir / "plugins" / DRIVER)
+                    from agent.imex.demo_step import compute_domain_step
+
+                    await compute_domain_step(server, workdir, environ, say)
             finally:
                 await _stop(process)
         left = await anyio.to_thread.run_sync(lambda: [str(p) for p in workdir.rglob("*.sock")])
         if left:
             raise DemoFailed(f"the agent left sockets behind: {', '.join(left)}")
-        say(f"10. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
+        say(f"11. the agent stopped cleanly (exit status {process.returncode}); sockets removed")
     return trace_id
 
 
