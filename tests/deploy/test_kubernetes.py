@@ -422,3 +422,5 @@ def test_controller_deployment_runs_one_leader_elected_replica() -> None:
     assert "privileged" not in container["securityContext"]
     env = {item["name"]: item["valueFrom"]["fieldRef"]["fieldPath"] for item in container["env"]}
     assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+    args = build_parser(container["args"]).parse_args(container["args"])
+    assert args.run is not None and args.lease_namespace  # a real subcommand with its flags
