@@ -188,7 +188,7 @@ async def _show_trace(sink: Any, trace_id: str) -> None:
     except TimeoutError as error:
         raise DemoFailed(f"the prepare's spans did not reach the OTLP receiver: {error}") from None
     say(
-        "11. the first prepare as one trace (OTLP/gRPC receiver; the kubelet's span is the parent):"
+        "12. the first prepare as one trace (OTLP/gRPC receiver; the kubelet's span is the parent):"
     )
     for line in render_tree([s for s in spans if s.trace_id == trace_id]):
         say("   " + line)
