@@ -25,7 +25,9 @@ Every change is first recorded as an intent in the claim's ``PrepareStarted`` en
 GPU's UUID, the strategy, the interval, the daemon's directory; the daemon's pid is added as
 soon as it runs), so a crash at any step leaves enough on disk to undo it: startup recovery
 (``recover``) stops the daemons of claims that never completed and puts their GPUs back to the
-default compute mode and time-slice; the settings of completed claims stay.
+default compute mode and time-slice; the settings of completed claims stay, and a completed
+claim's daemon that is not running (it died, or a container restart took it along with the
+agent) is started again with its limits.
 
 Each change is a span ``sharing.apply`` or ``sharing.restore`` (``sharing.strategy``,
 ``gpu.uuid``, ``k8s.device.name``, ``sharing.result``) under the claim's span, counted in
@@ -49,7 +51,7 @@ from agent.node import checkpoint as cp
 from agent.node.crash import crash_point
 from agent.node.effectors import Describe, EffectFailed, Prepared, RecordIntents, StartupRecovery
 from agent.node.plan import NodeDevice
-from agent.sharing.mps import MpsDaemons, limit_commands
+from agent.sharing.mps import MpsDaemons, daemons_of, limit_commands
 from agent.sharing.tools import DriverTools
 from agent.telemetry.metrics import MPS_DAEMONS, SHARING_CHANGES, add, set_gauge
 from agent.telemetry.tracing import tracer
@@ -176,7 +178,7 @@ class SharingEffector:
             except EffectFailed as error:
                 kept[claim.uid] = error.leftover or started
                 problems.append(str(error))
-        problems.extend(self._check_daemons(checkpoint))
+        problems.extend(await self._revive_daemons(checkpoint))
         self._with_daemon = daemons
         set_gauge(MPS_DAEMONS, len(self._with_daemon))
         if rolled_back:
@@ -340,19 +342,41 @@ class SharingEffector:
         self._with_daemon.discard(uid)
         set_gauge(MPS_DAEMONS, len(self._with_daemon))
 
-    def _check_daemons(self, checkpoint: cp.Checkpoint) -> list[str]:
-        """The daemons of completed claims should still run; say which do not."""
+    async def _revive_daemons(self, checkpoint: cp.Checkpoint) -> list[str]:
+        """Restart the daemon of a completed claim that is not running any more (it died, or
+        a container restart took it along with the agent): its pods' next CUDA processes
+        find MPS again. The compute mode was left as the claim set it."""
         problems = []
         for claim in checkpoint.completed():
-            pids = [i.get("pid") for i in claim.intents if i.effector == NAME and i.get("pid")]
-            if not pids or not isinstance(pids[0], int):
+            mine = [i for i in claim.intents if i.effector == NAME and i.get("strategy") == MPS]
+            devices = [d for d in claim.devices if d.mps is not None]
+            if not mine or not devices:
                 continue
             pipe = self._daemons.directories(claim.uid).pipe
-            if not self._daemons.alive(pids[0], pipe):
+            recorded = next((p for i in mine if isinstance(p := i.get("pid"), int)), None)
+            if recorded is not None and self._daemons.alive(recorded, pipe):
+                continue
+            if await anyio.to_thread.run_sync(daemons_of, pipe):
+                continue  # restarted by an earlier start of the agent
+            sharing = devices[0].config.sharing
+            config = (sharing.mps if sharing is not None else None) or MpsConfig()
+            uuids = sorted(d.uuid for d in devices)
+            try:
+                with self._change("apply", MPS, ",".join(uuids), devices[0].device):
+                    pid = await self._daemons.start(claim.uid, uuids)
+                    await self._daemons.wait_ready(claim.uid, pid)
+                    await self._daemons.apply_limits(claim.uid, limit_commands(config, uuids))
+            except Exception as error:
                 problems.append(
-                    f"claim {claim.uid}: its MPS control daemon (pid {pids[0]}) is not running; "
-                    "its pods cannot start new MPS clients until the claim is prepared again"
+                    f"claim {claim.uid}: its MPS control daemon was not running and could not "
+                    f"be restarted: {error}; its pods cannot start new MPS clients"
                 )
+                continue
+            log.warning(
+                "restarted the MPS control daemon of claim %s (pid %d; it was not running)",
+                claim.uid,
+                pid,
+            )
         return problems
 
     # -- failure path ---------------------------------------------------------------------

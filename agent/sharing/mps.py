@@ -237,8 +237,13 @@ class MpsDaemons:
     # -- state --------------------------------------------------------------------------
 
     def alive(self, pid: int, pipe_dir: Path) -> bool:
+        """Whether the daemon ``pid`` of ``pipe_dir`` runs: a child of this process by its
+        exit status (its ``/proc`` entry shows the agent until it has exec'd), another
+        process by its command line and environment."""
         child = self._children.get(pid)
-        if child is not None and child.poll() is not None:
+        if child is not None:
+            if child.poll() is None:
+                return True
             self._children.pop(pid, None)  # reaped
             return False
         return is_daemon_of(pid, pipe_dir)

@@ -7,13 +7,16 @@ spans and metrics."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pynvml
 import pytest
 from opentelemetry import trace
@@ -225,6 +228,35 @@ async def test_startup_stops_a_daemon_whose_pid_was_never_recorded(shared: Shari
         assert shared.mode(5) == ComputeMode.DEFAULT
         assert shared.node.checkpoint_claims() == {}
         assert pid not in daemons_of(shared.pipe(ref.uid))
+    finally:
+        await engine.close()
+
+
+async def test_startup_restarts_the_daemon_of_a_prepared_claim(shared: SharingNode) -> None:
+    engine = await shared.engine()
+    ref = await shared.node.claim("survivor", ["gpu-7"], configs=[MPS])
+    try:
+        assert await prepare(engine, ref) is None
+    finally:
+        await engine.close()
+    [pid] = daemons_of(shared.pipe(ref.uid))
+    os.kill(pid, signal.SIGKILL)  # the daemon died while the agent was down
+    for _ in range(200):
+        if not daemons_of(shared.pipe(ref.uid)):
+            break
+        await anyio.sleep(0.02)
+    assert daemons_of(shared.pipe(ref.uid)) == []
+
+    engine = await shared.engine()
+    try:
+        [again] = daemons_of(shared.pipe(ref.uid))
+        assert again != pid
+        log = (shared.pipe(ref.uid).parent / "log" / "control.log").read_text()
+        assert log.count("set_default_active_thread_percentage 25") == 2  # limits again
+        assert shared.mode(7) == ComputeMode.EXCLUSIVE_PROCESS
+        assert await engine.unprepare([ref]) == {ref.uid: None}  # stops the new one
+        assert daemons_of(shared.pipe(ref.uid)) == []
+        assert shared.mode(7) == ComputeMode.DEFAULT
     finally:
         await engine.close()
 
