@@ -286,27 +286,39 @@ class ChannelEngine:
             await self._record(entry)
         return self._answer(entry)
 
-    async def _configure(self, domain: DomainRef) -> None:
-        """Render the daemon's config from the domain's nodes in this clique; (re)start it."""
+    async def _configure(self, domain: DomainRef, *, traced: bool = True) -> None:
+        """Render the daemon's config from the domain's nodes in this clique; (re)start it.
+
+        ``traced=False`` (the follower's check every second) records no span unless the
+        config changed: an idle node exports no trace per second."""
+        if not traced:
+            with trace.use_span(trace.INVALID_SPAN):
+                changed = await self._render(domain)
+            if changed:
+                with tracer().start_as_current_span("imex.daemon.configure") as span:
+                    span.set_attributes(
+                        {"imex.domain.uid": domain.uid, "imex.config.changed": True}
+                    )
+            return
         with tracer().start_as_current_span("imex.daemon.configure") as span:
-            stored = await self._domains.get(domain.namespace, domain.name)
-            peers = [
-                e.ip_address
-                for e in sorted(node_entries(stored), key=lambda e: e.index)
-                if e.clique == self.clique.clique
-            ]
-            if self.node_ip not in peers:
-                peers.append(self.node_ip)
-            changed = await anyio.to_thread.run_sync(
-                self.daemon.configure, domain.uid, self.node_ip, peers
-            )
-            span.set_attributes(
-                {
-                    "imex.domain.uid": domain.uid,
-                    "imex.peers": len(peers),
-                    "imex.config.changed": changed,
-                }
-            )
+            changed = await self._render(domain)
+            span.set_attributes({"imex.domain.uid": domain.uid, "imex.config.changed": changed})
+
+    async def _render(self, domain: DomainRef) -> bool:
+        """Render the config from the domain's nodes in this clique; True if it changed."""
+        stored = await self._domains.get(domain.namespace, domain.name)
+        peers = [
+            e.ip_address
+            for e in sorted(node_entries(stored), key=lambda e: e.index)
+            if e.clique == self.clique.clique
+        ]
+        if self.node_ip not in peers:
+            peers.append(self.node_ip)
+        trace.get_current_span().set_attribute("imex.peers", len(peers))
+        changed: bool = await anyio.to_thread.run_sync(
+            self.daemon.configure, domain.uid, self.node_ip, peers
+        )
+        return changed
 
     async def _report(self, domain: DomainRef, ready: bool, said: str) -> None:
         if ready:
@@ -388,7 +400,7 @@ class ChannelEngine:
             if self._served() != domain:
                 return
             try:
-                await self._configure(domain)
+                await self._configure(domain, traced=False)
             except DomainError as error:
                 log.warning("the served ComputeDomain is gone: %s", error)
                 return
