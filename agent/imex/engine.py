@@ -26,7 +26,8 @@ Prepare of one claim (claims of a request one after another, under one lock):
 Unprepare of the node's last claim of a domain stops the daemon and removes the node's entry.
 While a domain is served, :meth:`ChannelEngine.run` follows it every second: a node that
 joins or leaves changes the rendered config (the daemon restarts with it) and a daemon that
-stops being READY turns the node's entry NotReady with the daemon's words (and back).
+is not READY for 5 s (``not_ready_grace_s``: longer than a restart for a changed node list
+takes) turns the node's entry NotReady with the daemon's words; READY turns it back at once.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class ChannelEngine:
         daemon: ImexDaemon,
         ready_timeout_s: float = 20.0,
         follow_interval_s: float = 1.0,
+        not_ready_grace_s: float = 5.0,
     ) -> None:
         self.driver = DRIVER
         self.node_name = node_name
@@ -123,6 +125,9 @@ class ChannelEngine:
         self._lock = anyio.Lock()
         self.claims: dict[str, ChannelClaim] = {}
         self._reported: bool | None = None  # what the follower last wrote for this node
+        self._not_ready_since: float | None = None
+        #: how long the follower lets the daemon be not READY before the node is NotReady
+        self.not_ready_grace_s = not_ready_grace_s
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -408,6 +413,13 @@ class ChannelEngine:
                 ready, said = False, f"the IMEX daemon is {self.daemon.status.state}"
             else:
                 ready, said = await self.daemon.query(domain.uid)
+            now = anyio.current_time()
+            if ready:
+                self._not_ready_since = None
+            else:  # a restart for a changed node list is no failure: report after a grace
+                since = self._not_ready_since = self._not_ready_since or now
+                if now - since < self.not_ready_grace_s:
+                    return
             if self._reported is None or ready != self._reported:
                 completed = any(c.state == COMPLETED for c in self.claims.values())
                 if completed or ready is False:

@@ -414,6 +414,8 @@ async def test_a_domain_across_two_trays_goes_ready_and_is_cleaned_up(cluster: C
     assert {e.name for e in entries} == {"tray-a", "tray-b"}
     assert sorted(e.index for e in entries) == [0, 1]
     assert all(e.status == "Ready" and e.clique == CLIQUE for e in entries)
+    # tray-a's daemon restarted with the new node list without its entry turning NotReady
+    assert cluster.domain("cd-ab")["status"]["status"] == "Ready"
     events = cluster.server.list_objects("events", namespace=NAMESPACE)
     joined = [
         e for e in events if e["reason"] == "NodeJoined" and e["involvedObject"]["uid"] == uid
