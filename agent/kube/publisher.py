@@ -30,6 +30,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
+from agent.crash import crash_point
 from agent.dra.model import CounterSet, DraDevice
 from agent.dra.slices import SliceLayout, build_slices, pool_layout, slice_differences
 from agent.kube.backoff import Backoff, is_transient, retry_after
@@ -285,14 +286,17 @@ class SlicePublisher:
                     with _write_span("delete", obj):
                         await self._delete(obj)
                     done["delete"] += 1
+                    crash_point("slice-publish-after-write", "delete")
                 for body, have in plan.updates:
                     with _write_span("update", body):
                         await self._update(body, have)
                     done["update"] += 1
+                    crash_point("slice-publish-after-write", "update")
                 for body in plan.creates:
                     with _write_span("create", body):
                         await self._create(body)
                     done["create"] += 1
+                    crash_point("slice-publish-after-write", "create")
             finally:
                 span.set_attribute("resourceslice.deleted", done["delete"])
                 span.set_attribute("resourceslice.updated", done["update"])

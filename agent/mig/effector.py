@@ -55,6 +55,7 @@ from typing import TypeVar
 import anyio
 from opentelemetry import trace
 
+from agent.crash import crash_point
 from agent.dra.partitionable import (
     MIG_EFFECTOR,
     DynamicMig,
@@ -70,7 +71,6 @@ from agent.hardware.inventory import Gpu, Inventory
 from agent.hardware.mig_ops import FULL_CI_PROFILE_BY_SLICES, LiveGpuInstance, MigOps
 from agent.mig import rules
 from agent.node import checkpoint as cp
-from agent.node.crash import crash_point
 from agent.node.effectors import Describe, EffectFailed, Prepared, RecordIntents, StartupRecovery
 from agent.node.plan import NodeDevice, node_devices
 from agent.telemetry.metrics import MIG_RECONFIGURATIONS, MIG_RECONFIGURE_DURATION, add, observe

@@ -37,11 +37,11 @@ from typing import Any
 import anyio
 from opentelemetry import trace
 
+from agent.crash import crash_point
 from agent.dra import cdi
 from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.commit import CheckpointCommitter, restore_claim
-from agent.node.crash import crash_point
 from agent.node.effectors import EffectFailed, Effects
 from agent.node.errors import NodeError
 from agent.node.facts import claim_spec

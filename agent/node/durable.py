@@ -5,7 +5,8 @@ runtime: a reader must see either the old file or the new one, never a torn mix,
 function here returns the change must survive a power cut. ``write_atomic`` therefore writes
 a temporary file in the target's directory, fsyncs it, renames it over the target and fsyncs
 the directory (the rename itself lives in the directory). A crash before the rename leaves
-the old file untouched plus a temporary that ``clean_temporaries`` removes at startup.
+the old file untouched plus a temporary that ``clean_temporaries`` removes at startup
+(the crash points ``write-after-temp`` and ``write-after-rename`` exercise both sides).
 
 The functions here block; async callers run them in a worker thread
 (``anyio.to_thread.run_sync``). ``NodeLock`` is the exception: it is async and never blocks
@@ -26,6 +27,7 @@ from types import TracebackType
 
 import anyio
 
+from agent.crash import crash_point
 from agent.node.errors import LockTimeout
 
 _TEMP_MARKER = ".tmp-"
@@ -82,12 +84,14 @@ def write_atomic_pinned(path: Path | str, data: bytes, mode: int = 0o644) -> int
                 written += os.write(fd, view[written:])
         os.fchmod(fd, mode)
         os.fsync(fd)
+        crash_point("write-after-temp", name)  # the old file and a whole temporary
         os.replace(temporary, target)
     except BaseException:
         os.close(fd)
         with suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
+    crash_point("write-after-rename", name)  # the new file, its rename not yet durable
     try:
         fsync_directory(directory or ".")
     except BaseException:

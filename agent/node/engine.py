@@ -81,6 +81,7 @@ from typing import Any
 import anyio
 from opentelemetry import trace
 
+from agent.crash import crash_point
 from agent.dra import cdi
 from agent.dra.partitionable import owned_by_intents
 from agent.hardware.inventory import Inventory
@@ -91,7 +92,6 @@ from agent.node.batch import PrepareBatch, answer, write_spec
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore, LoadStatus
 from agent.node.commit import CheckpointCommitter
-from agent.node.crash import crash_point
 from agent.node.durable import NodeLock
 from agent.node.effectors import DeviceEffector, Effects
 from agent.node.errors import NodeError

@@ -16,10 +16,10 @@ from __future__ import annotations
 import anyio
 from opentelemetry import trace
 
+from agent.crash import crash_point
 from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.commit import CheckpointCommitter, restore_claim
-from agent.node.crash import crash_point
 from agent.node.effectors import EffectFailed, Effects
 from agent.node.errors import NodeError
 from agent.node.offload import FILES

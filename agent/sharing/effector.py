@@ -45,10 +45,10 @@ from dataclasses import replace
 import anyio
 from opentelemetry import trace
 
+from agent.crash import crash_point
 from agent.dra.config import MpsConfig, Sharing, SharingStrategy
 from agent.hardware.compute_mode import ComputeMode, ComputeModes
 from agent.node import checkpoint as cp
-from agent.node.crash import crash_point
 from agent.node.effectors import Describe, EffectFailed, Prepared, RecordIntents, StartupRecovery
 from agent.node.plan import NodeDevice
 from agent.sharing.mps import MpsDaemons, daemons_of, limit_commands

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from agent.node.crash import CRASH_POINTS, ENV_VAR, EXIT_STATUS
+from agent.crash import CRASH_POINTS, ENV_VAR, EXIT_STATUS
 from agent.sim.kubelet import DraCallError
 from tests.integration.conftest import (
     NAMESPACE,

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 import pytest
 
-from agent.node.crash import ENV_VAR, EXIT_STATUS, MIG_CRASH_POINTS
+from agent.crash import ENV_VAR, EXIT_STATUS, MIG_CRASH_POINTS
 from agent.sim.kubelet import DraCallError
 from tests.integration.conftest import AgentHarness, allocated_devices, gpu_request
 

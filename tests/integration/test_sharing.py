@@ -26,8 +26,8 @@ import anyio
 import pytest
 
 from agent.config import SIMULATED_HOST_DIR
+from agent.crash import ENV_VAR, EXIT_STATUS
 from agent.hardware.simulated.tools import MPS_FAIL_FILE, read_timeslices
-from agent.node.crash import ENV_VAR, EXIT_STATUS
 from agent.sharing.mps import daemons_of
 from agent.sim.allocation import claim_from_request
 from agent.sim.control import control_socket_path

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.node.crash import CRASH_POINTS, ENV_VAR, EXIT_STATUS
+from agent.crash import CRASH_POINTS, ENV_VAR, EXIT_STATUS
 from agent.node.types import ClaimRef
 from tests.unit.node.engine_support import Node
 
