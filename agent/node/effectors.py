@@ -20,6 +20,14 @@ devices only through this narrow protocol, so it has no branch for any one kind:
 - ``recover(checkpoint)``: at startup, roll back the intents of claims that never completed
   and whatever else the effector's own rules say (``StartupRecovery``).
 
+An effector that keeps something running for a prepared claim (an MPS control daemon) may
+also implement :class:`MaintainingEffector`: once the engine serves, ``attach`` hands it a
+:data:`Maintain` (work on one claim outside a kubelet request, holding what a request holds,
+and a ``record`` that replaces its intents of the *completed* claim durably: a restarted
+daemon's pid); ``reload`` tells it the checkpoint was replaced (another agent instance wrote
+it: rebuild what it derives from the checkpoint); ``close`` ends its background work when the
+engine closes (what it runs keeps running: prepared claims survive agent restarts).
+
 :class:`Effects` is what the engine holds: the configured effectors, dispatched by device.
 With none configured every call is a no-op, and a claim without effector devices costs the
 engine nothing (no intent write: the static path stays at two durable writes).
@@ -28,8 +36,9 @@ engine nothing (no intent write: the static path stays at two durable writes).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Protocol, runtime_checkable
 
 from agent.node import checkpoint as cp
 from agent.node.errors import NodeError
@@ -39,6 +48,15 @@ Prepared = tuple[cp.PreparedDevice, ...]
 RecordIntents = Callable[[tuple[cp.Intent, ...]], Awaitable[None]]
 #: Names a claim for an error message: ``namespace/name (uid)`` when known.
 Describe = Callable[[str], str]
+#: Work on one claim: its checkpoint entry now (None: not known any more) and a ``record``
+#: replacing the effector's intents of the entry (completed) durably.
+ClaimWork = Callable[["cp.PreparedClaim | None", RecordIntents], Awaitable[None]]
+#: ``await maintain(uid, work)`` runs ``work`` holding what an unprepare of the claim holds
+#: (the node lock, the checkpoint reloaded if another instance wrote it, the claim's lock);
+#: raises ``NodeError`` (the lock timed out, the engine is closed).
+Maintain = Callable[[str, ClaimWork], Awaitable[None]]
+#: The engine's side of :data:`Maintain`, for the effector named by the first argument.
+EngineMaintain = Callable[[str, str, ClaimWork], Awaitable[None]]
 
 
 class EffectFailed(NodeError):
@@ -80,6 +98,33 @@ class DeviceEffector(Protocol):
     async def undo(self, uid: str, intents: tuple[cp.Intent, ...], devices: Prepared) -> None: ...
 
     async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery: ...
+
+
+@runtime_checkable
+class MaintainingEffector(Protocol):
+    """The optional hooks of the module docstring (``attach``, ``reload``, ``close``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def attach(self, maintain: Maintain) -> None: ...
+
+    def reload(self, checkpoint: cp.Checkpoint) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def amend_intents(
+    checkpoint: cp.Checkpoint, uid: str, effector: str, intents: tuple[cp.Intent, ...]
+) -> cp.Checkpoint:
+    """``checkpoint`` with the intents of ``effector`` in completed claim ``uid`` replaced by
+    ``intents`` (the others kept, in order); ``NodeError`` if ``uid`` is not completed."""
+    claim = checkpoint.claims.get(uid)
+    if claim is None or claim.state is not cp.ClaimState.PREPARE_COMPLETED:
+        raise NodeError(f"claim {uid} is not prepared (any more); its intents stay as they are")
+    kept = tuple(i for i in claim.intents if i.effector != effector)
+    amended = replace(claim, intents=(*kept, *intents))
+    return replace(checkpoint, claims={**checkpoint.claims, uid: amended})
 
 
 class Effects:
@@ -176,6 +221,24 @@ class Effects:
             )
         if errors:
             raise EffectFailed("; ".join(errors), tuple(leftover))
+
+    def _maintaining(self) -> list[MaintainingEffector]:
+        return [e for e in self._effectors if isinstance(e, MaintainingEffector)]
+
+    def attach(self, maintain: EngineMaintain) -> None:
+        """The engine serves now: hand each maintaining effector its :data:`Maintain`."""
+        for effector in self._maintaining():
+            effector.attach(partial(maintain, effector.name))
+
+    def reload(self, checkpoint: cp.Checkpoint) -> None:
+        """The engine replaced its checkpoint with one another instance wrote."""
+        for effector in self._maintaining():
+            effector.reload(checkpoint)
+
+    async def close(self) -> None:
+        """The engine closes: end the effectors' background work."""
+        for effector in self._maintaining():
+            await effector.close()
 
     async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
         """Every effector's startup recovery, in the reverse of the configured order (an

@@ -62,7 +62,11 @@ deadline that expires mid-request leaves memory and disk in agreement.
 Devices that must be *made* on prepare (dynamic MIG instances) are the business of device
 effectors (``effectors``): the engine hands them the planned devices of a claim, records the
 intents they report in the claim's ``PrepareStarted`` entry, and asks them to undo on
-unprepare and to recover at startup; it has no branch for any kind of device.
+unprepare and to recover at startup; it has no branch for any kind of device. An effector
+that keeps something running for a prepared claim (the MPS daemons of ``agent.sharing``) gets
+``_maintain`` once the engine serves: its work on one claim runs like a request (node lock,
+claim lock) and may rewrite the claim's intents durably (a restarted daemon's pid); the
+effectors hear of a reloaded checkpoint and of ``close()``.
 
 Public API: ``PrepareEngine(...)``; ``await start() -> StartupReport``; ``await
 prepare(claims) -> {uid: ClaimPrepareResult}``; ``await unprepare(claims) -> {uid: error or
@@ -93,7 +97,7 @@ from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore, LoadStatus
 from agent.node.commit import CheckpointCommitter
 from agent.node.durable import NodeLock
-from agent.node.effectors import DeviceEffector, Effects
+from agent.node.effectors import ClaimWork, DeviceEffector, Effects, amend_intents
 from agent.node.errors import NodeError
 from agent.node.facts import HostFacts
 from agent.node.holders import DeviceHolders, Prepared
@@ -205,6 +209,7 @@ class PrepareEngine:
             self._state = self._committer = CheckpointCommitter(
                 self._store, checkpoint, tidy=self._store.close_retired, driver=self.driver
             )
+        self._effects.attach(self._maintain)
         return report
 
     def _make_directories(self) -> None:
@@ -215,6 +220,7 @@ class PrepareEngine:
         """Refuse new requests and let those in flight finish (the last releases the lock)."""
         self._state = None
         with anyio.CancelScope(shield=True), anyio.move_on_after(grace_s):
+            await self._effects.close()
             await self._idle.wait()
         if self._running == 0:
             self._store.close()
@@ -235,12 +241,29 @@ class PrepareEngine:
                     self._store, self._specs, self._facts, self._events, loaded, self._effects
                 )
             state.reload(checkpoint)
+            self._effects.reload(checkpoint)
         log.info(
             "the checkpoint %s was changed by another instance; reloaded %d claim(s)",
             self._store.path,
             len(checkpoint.claims),
             extra={"load_status": str(loaded.status)},
         )
+
+    async def _maintain(self, effector: str, uid: str, work: ClaimWork) -> None:
+        """An effector's ``work`` on claim ``uid`` between requests (``effectors.Maintain``):
+        counted as a request, under the node lock and the claim's lock."""
+        with self._request() as state:
+            await self._node_lock.acquire()
+            try:
+                async with self._claim_locks.hold([uid]):
+
+                    async def record(intents: tuple[cp.Intent, ...]) -> None:
+                        state.update(amend_intents(state.checkpoint, uid, effector, intents))
+                        await state.commit()
+
+                    await work(state.checkpoint.claims.get(uid), record)
+            finally:
+                self._node_lock.release()
 
     @property
     def facts(self) -> HostFacts | None:

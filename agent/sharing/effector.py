@@ -38,7 +38,7 @@ number of daemons this agent runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -49,11 +49,25 @@ from agent.crash import crash_point
 from agent.dra.config import MpsConfig, Sharing, SharingStrategy
 from agent.hardware.compute_mode import ComputeMode, ComputeModes
 from agent.node import checkpoint as cp
-from agent.node.effectors import Describe, EffectFailed, Prepared, RecordIntents, StartupRecovery
+from agent.node.effectors import (
+    Describe,
+    EffectFailed,
+    Maintain,
+    Prepared,
+    RecordIntents,
+    StartupRecovery,
+)
 from agent.node.plan import NodeDevice
 from agent.sharing.mps import MpsDaemons, daemons_of, limit_commands
+from agent.sharing.supervise import Check, DaemonSupervisor, Found
 from agent.sharing.tools import DriverTools
-from agent.telemetry.metrics import MPS_DAEMONS, SHARING_CHANGES, add, set_gauge
+from agent.telemetry.metrics import (
+    MPS_DAEMON_RESTARTS,
+    MPS_DAEMONS,
+    SHARING_CHANGES,
+    add,
+    set_gauge,
+)
 from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -74,17 +88,24 @@ class SharingEffector:
         tools: DriverTools,
         daemons: MpsDaemons,
         devices: Mapping[str, NodeDevice],
+        supervisor: DaemonSupervisor | None = None,
     ) -> None:
         self._modes = compute_modes
         self._tools = tools
         self._daemons = daemons
         self._devices = devices
+        self.supervisor = supervisor or DaemonSupervisor(daemons)
+        self._maintain: Maintain | None = None
         #: GPU UUID -> claim UID -> the setting it holds ("TimeSlicing/<interval>" or "MPS"):
         #: what this agent changed on each GPU, for whom (rebuilt from the checkpoint at start).
         self._settings: dict[str, dict[str, str]] = {}
         self._locks: dict[str, anyio.Lock] = {}
         #: Claims whose MPS daemon runs (``gpu_dra_mps_daemons``).
         self._with_daemon: set[str] = set()
+
+    @property
+    def daemons(self) -> MpsDaemons:
+        return self._daemons
 
     # -- the protocol ---------------------------------------------------------------------
 
@@ -126,6 +147,8 @@ class SharingEffector:
             leftover = await self._undo_quietly(uid, self._with_pid(intents, pid))
             message = str(error) if isinstance(error, EffectFailed) else f"claim {uid}: {error}"
             raise EffectFailed(message, leftover) from error
+        if started:
+            self.supervisor.watch(uid, started[0])
         shares = self._share(uid)
         names = {d.device for d in mps_devices}
         return tuple(replace(d, mps=shares) if d.device in names else d for d in devices)
@@ -155,16 +178,7 @@ class SharingEffector:
             raise EffectFailed("; ".join(errors), tuple(leftover))
 
     async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
-        self._settings.clear()
-        daemons: set[str] = set()
-        for claim in checkpoint.completed():
-            mine = [i for i in claim.intents if i.effector == NAME]
-            for intent in mine:
-                setting = _setting(intent)
-                if setting is not None:
-                    self._settings.setdefault(intent.string("gpuUUID"), {})[claim.uid] = setting
-            if any(i.get("strategy") == MPS for i in mine):
-                daemons.add(claim.uid)
+        daemons = self._rebuild_settings(checkpoint)
         rolled_back: list[str] = []
         kept: dict[str, tuple[cp.Intent, ...]] = {}
         problems: list[str] = []
@@ -178,7 +192,10 @@ class SharingEffector:
             except EffectFailed as error:
                 kept[claim.uid] = error.leftover or started
                 problems.append(str(error))
-        problems.extend(await self._revive_daemons(checkpoint))
+        running, revive_problems = await self._revive_daemons(checkpoint)
+        problems.extend(revive_problems)
+        for uid, (pid, unrecorded) in running.items():
+            self.supervisor.watch(uid, pid, confirm=unrecorded)
         self._with_daemon = daemons
         set_gauge(MPS_DAEMONS, len(self._with_daemon))
         if rolled_back:
@@ -188,6 +205,109 @@ class SharingEffector:
                 extra={"claims": rolled_back},
             )
         return StartupRecovery(tuple(rolled_back), kept, tuple(problems))
+
+    def _rebuild_settings(self, checkpoint: cp.Checkpoint) -> set[str]:
+        """The per-GPU settings of the completed claims of ``checkpoint``; the claims
+        with an MPS daemon."""
+        self._settings.clear()
+        daemons: set[str] = set()
+        for claim in checkpoint.completed():
+            mine = [i for i in claim.intents if i.effector == NAME]
+            for intent in mine:
+                setting = _setting(intent)
+                if setting is not None:
+                    self._settings.setdefault(intent.string("gpuUUID"), {})[claim.uid] = setting
+            if any(i.get("strategy") == MPS for i in mine):
+                daemons.add(claim.uid)
+        return daemons
+
+    # -- while the engine serves (``effectors.MaintainingEffector``) -----------------------
+
+    def attach(self, maintain: Maintain) -> None:
+        """The engine serves: supervise the daemons (``supervise``)."""
+        self._maintain = maintain
+        self.supervisor.attach(self._keep)
+
+    def reload(self, checkpoint: cp.Checkpoint) -> None:
+        """Another agent instance wrote the checkpoint (a rolling upgrade): the per-GPU
+        settings follow it, and its new MPS claims' daemons are supervised here too (the
+        claim's hold decides which instance restarts a daemon; the other one adopts it)."""
+        self._rebuild_settings(checkpoint)
+        watched = self.supervisor.watched()
+        for claim in checkpoint.completed():
+            if claim.uid in watched:
+                continue
+            mps = [i for i in claim.intents if i.effector == NAME and i.get("strategy") == MPS]
+            if mps:
+                self.supervisor.watch(claim.uid, _pid(mps))
+
+    async def close(self) -> None:
+        await self.supervisor.close()
+
+    async def _keep(self, uid: str, exited: int | None, restart: bool) -> Check:
+        """The supervisor's keeper (``supervise.Keeper``), under the claim's hold."""
+        maintain = self._maintain
+        if maintain is None:
+            return Check(Found.GONE)
+        found: list[Check] = []
+
+        async def work(entry: cp.PreparedClaim | None, record: RecordIntents) -> None:
+            found.append(await self._check_daemon(uid, entry, record, exited, restart))
+
+        await maintain(uid, work)
+        return found[0] if found else Check(Found.GONE)
+
+    async def _check_daemon(
+        self,
+        uid: str,
+        entry: cp.PreparedClaim | None,
+        record: RecordIntents,
+        exited: int | None,
+        restart: bool,
+    ) -> Check:
+        if entry is None or entry.state is not cp.ClaimState.PREPARE_COMPLETED:
+            return Check(Found.GONE)
+        mine = tuple(i for i in entry.intents if i.effector == NAME)
+        mps = [i for i in mine if i.get("strategy") == MPS]
+        devices = [d for d in entry.devices if d.mps is not None]
+        if not mps or not devices:
+            return Check(Found.GONE)
+        pipe = self._daemons.directories(uid).pipe
+        recorded = _pid(mps)
+        if recorded is not None and recorded != exited and self._daemons.alive(recorded, pipe):
+            return Check(Found.RUNNING, recorded)
+        others = [p for p in await anyio.to_thread.run_sync(daemons_of, pipe) if p != exited]
+        if others:  # started by the other instance, or by a start that crashed
+            await record(self._with_pid(mine, others[0]))
+            return Check(Found.RUNNING, others[0])
+        if not restart:
+            return Check(Found.DOWN)
+        with anyio.CancelScope(shield=True):  # a restart is never left halfway
+            pid = await self._restart_daemon(uid, devices, mine, record)
+        return Check(Found.RESTARTED, pid)
+
+    async def _restart_daemon(
+        self,
+        uid: str,
+        devices: list[cp.PreparedDevice],
+        mine: tuple[cp.Intent, ...],
+        record: RecordIntents,
+    ) -> int:
+        """Start the claim's daemon again in its directories: the new pid recorded, ready,
+        the limits applied; on failure it is stopped again (the directories stay)."""
+        sharing = devices[0].config.sharing
+        config = (sharing.mps if sharing is not None else None) or MpsConfig()
+        uuids = sorted(d.uuid for d in devices)
+        with self._change("apply", MPS, ",".join(uuids), ",".join(d.device for d in devices)):
+            pid = await self._daemons.start(uid, uuids)
+            try:
+                await record(self._with_pid(mine, pid))
+                await self._daemons.wait_ready(uid, pid)
+                await self._daemons.apply_limits(uid, limit_commands(config, uuids))
+            except BaseException:
+                await self._daemons.kill(uid, pid)
+                raise
+        return pid
 
     # -- intents --------------------------------------------------------------------------
 
@@ -226,7 +346,11 @@ class SharingEffector:
         if not isinstance(pid, int):
             return intents
         return tuple(
-            cp.Intent(i.effector, i.device, (*i.parameters, ("pid", pid)))
+            cp.Intent(
+                i.effector,
+                i.device,
+                (*((k, v) for k, v in i.parameters if k != "pid"), ("pid", pid)),
+            )
             if i.get("strategy") == MPS
             else i
             for i in intents
@@ -331,8 +455,8 @@ class SharingEffector:
         return cp.MpsShare(str(dirs.pipe), str(dirs.log), str(dirs.shm))
 
     async def _stop_daemon(self, uid: str, intents: tuple[cp.Intent, ...]) -> None:
-        pids = {i.get("pid") for i in intents} - {None}
-        pid = next((p for p in pids if isinstance(p, int)), None)
+        watched = await self.supervisor.stop(uid)  # first: this exit is no crash
+        pid = watched if watched is not None else _pid(intents)
         directory = intents[0].string("directory")
         expected = str(self._daemons.directories(uid).root)
         if directory != expected:  # written by an agent with another plugin directory
@@ -342,42 +466,57 @@ class SharingEffector:
         self._with_daemon.discard(uid)
         set_gauge(MPS_DAEMONS, len(self._with_daemon))
 
-    async def _revive_daemons(self, checkpoint: cp.Checkpoint) -> list[str]:
+    async def _revive_daemons(
+        self, checkpoint: cp.Checkpoint
+    ) -> tuple[dict[str, tuple[int | None, bool]], list[str]]:
         """Restart the daemon of a completed claim that is not running any more (it died, or
         a container restart took it along with the agent): its pods' next CUDA processes
-        find MPS again. The compute mode was left as the claim set it."""
+        find MPS again. The compute mode was left as the claim set it. Returns claim UID ->
+        (the pid that runs now, None if none could be started; whether the checkpoint
+        records another pid) for supervision, and the problems."""
         problems = []
+        running: dict[str, tuple[int | None, bool]] = {}
         for claim in checkpoint.completed():
             mine = [i for i in claim.intents if i.effector == NAME and i.get("strategy") == MPS]
             devices = [d for d in claim.devices if d.mps is not None]
             if not mine or not devices:
                 continue
             pipe = self._daemons.directories(claim.uid).pipe
-            recorded = next((p for i in mine if isinstance(p := i.get("pid"), int)), None)
+            recorded = _pid(mine)
             if recorded is not None and self._daemons.alive(recorded, pipe):
+                running[claim.uid] = (recorded, False)
                 continue
-            if await anyio.to_thread.run_sync(daemons_of, pipe):
-                continue  # restarted by an earlier start of the agent
+            found = await anyio.to_thread.run_sync(daemons_of, pipe)
+            if found:  # restarted by an earlier start of the agent
+                running[claim.uid] = (found[0], True)
+                continue
             sharing = devices[0].config.sharing
             config = (sharing.mps if sharing is not None else None) or MpsConfig()
             uuids = sorted(d.uuid for d in devices)
             try:
                 with self._change("apply", MPS, ",".join(uuids), devices[0].device):
                     pid = await self._daemons.start(claim.uid, uuids)
+                    running[claim.uid] = (pid, True)
                     await self._daemons.wait_ready(claim.uid, pid)
                     await self._daemons.apply_limits(claim.uid, limit_commands(config, uuids))
             except Exception as error:
+                add(MPS_DAEMON_RESTARTS, 1, outcome="error")
+                if claim.uid in running:
+                    await self._daemons.kill(claim.uid, pid)
+                running[claim.uid] = (None, False)  # the supervisor tries again
                 problems.append(
                     f"claim {claim.uid}: its MPS control daemon was not running and could not "
-                    f"be restarted: {error}; its pods cannot start new MPS clients"
+                    f"be restarted: {error}; its pods cannot start new MPS clients until a "
+                    "restart succeeds (retried with backoff)"
                 )
                 continue
+            add(MPS_DAEMON_RESTARTS, 1, outcome="success")
             log.warning(
                 "restarted the MPS control daemon of claim %s (pid %d; it was not running)",
                 claim.uid,
                 pid,
             )
-        return problems
+        return running, problems
 
     # -- failure path ---------------------------------------------------------------------
 
@@ -433,3 +572,8 @@ def _describe(setting: str) -> str:
     if setting.startswith(TIME_SLICING):
         return f"time-slicing with interval {setting.partition('/')[2]}"
     return "MPS (exclusive-process mode)"
+
+
+def _pid(intents: Iterable[cp.Intent]) -> int | None:
+    """The daemon pid recorded in MPS intents (None: not recorded)."""
+    return next((p for i in intents if isinstance(p := i.get("pid"), int)), None)

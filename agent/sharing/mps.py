@@ -20,6 +20,12 @@ through its pipe; the limits (``set_default_active_thread_percentage``,
 through the pipe, waits, and only then signals the process, after checking that the pid still
 is a control daemon of that pipe directory (a pid can be reused); a daemon whose pid never got
 recorded (a crash right after the start) is found by that same check over ``/proc``.
+
+Supervision (``supervise``) waits for a daemon to exit with :meth:`MpsDaemons.wait_exit`: a
+pidfd (``pidfd_open``, readable once the process has exited) watched by the event loop, so a
+running daemon costs no polling; where the kernel has no pidfd, a check every
+:data:`POLL_S`. A restart keeps the directories (the containers have them mounted: a new
+directory would not be the one they see).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ log = logging.getLogger(__name__)
 MPS_DIR = "mps"
 SHM_FALLBACK_BYTES = 64 * 1024 * 1024
 STOP_GRACE_S = 5.0
+POLL_S = 0.5
+LOG_LINES = 5
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 _MIB = 1024 * 1024
 
@@ -106,7 +114,8 @@ def shm_size(host_root: Path) -> int:
 
 
 def is_daemon_of(pid: int, pipe_dir: Path) -> bool:
-    """Whether ``pid`` is an MPS control daemon serving ``pipe_dir`` (and not a zombie)."""
+    """Whether ``pid`` is an MPS control daemon (``-f`` or ``-d``, not a client) serving
+    ``pipe_dir`` (and not a zombie)."""
     proc = Path("/proc") / str(pid)
     try:
         if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
@@ -117,6 +126,9 @@ def is_daemon_of(pid: int, pipe_dir: Path) -> bool:
         return False
     if not any(os.path.basename(arg) == MPS_CONTROL.encode() for arg in cmdline):
         return False
+    arguments = [arg for arg in cmdline if arg]
+    if arguments[-1:] not in ([b"-f"], [b"-d"]):
+        return False  # a client of the daemon (the agent's own readiness check or limits)
     return f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in environ
 
 
@@ -147,6 +159,7 @@ class MpsDaemons:
         self._mount_shm = mount_shm
         self.ready_timeout_s = ready_timeout_s
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._exit_status: dict[int, int] = {}  # children reaped, until ``wait_exit`` asks
 
     def directories(self, claim_uid: str) -> MpsDirectories:
         return directories(self._plugin_dir, claim_uid)
@@ -234,6 +247,22 @@ class MpsDaemons:
                     parts.append(text[-300:])
         return " | ".join(parts) or "empty"
 
+    def log_tail(self, claim_uid: str, lines: int = LOG_LINES) -> dict[str, list[str]]:
+        """The last ``lines`` lines of each log of the claim's daemon (its own output in
+        ``startup.log``, the control daemon's ``control.log``), by file name."""
+        found: dict[str, list[str]] = {}
+        log_dir = self.directories(claim_uid).log
+        for name in ("startup.log", "control.log"):
+            with contextlib.suppress(OSError):
+                with open(log_dir / name, "rb") as file:
+                    file.seek(0, os.SEEK_END)
+                    file.seek(max(0, file.tell() - 4096))
+                    text = file.read().decode(errors="replace")
+                tail = [line for line in text.splitlines() if line.strip()][-lines:]
+                if tail:
+                    found[name] = tail
+        return found
+
     # -- state --------------------------------------------------------------------------
 
     def alive(self, pid: int, pipe_dir: Path) -> bool:
@@ -242,11 +271,51 @@ class MpsDaemons:
         process by its command line and environment."""
         child = self._children.get(pid)
         if child is not None:
-            if child.poll() is None:
+            status = child.poll()
+            if status is None:
                 return True
             self._children.pop(pid, None)  # reaped
+            self._exit_status[pid] = status
             return False
         return is_daemon_of(pid, pipe_dir)
+
+    async def wait_exit(self, pid: int, pipe_dir: Path) -> int | None:
+        """Return once the daemon ``pid`` of ``pipe_dir`` does not run (at once if it does
+        not now): its exit status (``Popen.returncode``: negative for a signal) when it is
+        a child of this process, else None (its parent reaps it)."""
+        try:
+            pidfd: int | None = os.pidfd_open(pid)
+        except ProcessLookupError:
+            pidfd = None  # gone (a child is still a zombie here, so not a child)
+        except OSError:  # no pidfd (an old kernel, or not permitted): poll
+            pidfd = -1
+        try:
+            if pidfd is not None and self.alive(pid, pipe_dir):
+                if pidfd >= 0:
+                    await anyio.wait_readable(pidfd)
+                else:
+                    while True:
+                        await anyio.sleep(POLL_S)
+                        if not self.alive(pid, pipe_dir):
+                            break
+        finally:
+            if pidfd is not None and pidfd >= 0:
+                os.close(pidfd)
+        child = self._children.pop(pid, None)
+        if child is not None:
+            # readable pidfd: the child has exited, so this wait is immediate
+            self._exit_status[pid] = await anyio.to_thread.run_sync(child.wait)
+        return self._exit_status.pop(pid, None)
+
+    async def kill(self, claim_uid: str, pid: int) -> None:
+        """Stop the daemon ``pid`` of the claim (SIGTERM, then SIGKILL) and keep its
+        directories: a restart that did not get ready, before the next try."""
+        pipe = self.directories(claim_uid).pipe
+        if self.alive(pid, pipe):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        await anyio.to_thread.run_sync(self._terminate, pid, pipe)
+        self._exit_status.pop(pid, None)
 
     def running(self) -> int:
         """How many daemons started by this process still run."""

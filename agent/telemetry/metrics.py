@@ -151,6 +151,12 @@ SHARING_CHANGES = _meter.create_counter(
 MPS_DAEMONS = _meter.create_gauge(
     "gpu_dra_mps_daemons", "{daemon}", "MPS control daemons this agent runs for prepared claims"
 )
+MPS_DAEMON_RESTARTS = _meter.create_counter(
+    "gpu_dra_mps_daemon_restarts",
+    "{restart}",
+    "MPS control daemons started again after they exited while their claim was prepared, by "
+    "outcome (success: ready with its limits; error: the attempt failed, retried with backoff)",
+)
 IMEX_DAEMON_STATE = _meter.create_gauge(
     "gpu_dra_imex_daemon_state",
     "{daemon}",
@@ -198,6 +204,7 @@ PROMETHEUS_NAMES: Final = (
     "gpu_dra_mig_reconfigure_duration_seconds",
     "gpu_dra_sharing_changes_total",
     "gpu_dra_mps_daemons",
+    "gpu_dra_mps_daemon_restarts_total",
     "gpu_dra_trace_spans_dropped_total",
 )
 PROCESS_NAMES: Final = (

@@ -81,7 +81,11 @@ class SharingNode:
     def pipe(self, uid: str) -> Path:
         return self.node.plugin_dir / "mps" / uid / "pipe"
 
-    async def engine(self) -> PrepareEngine:
+    async def engine(
+        self, *, backoff_s: float | None = None, ready_timeout_s: float | None = None
+    ) -> PrepareEngine:
+        """A started engine with the sharing effector; ``backoff_s``: its supervisor's
+        first restart delay, ``ready_timeout_s``: how long a daemon may take to answer."""
         effector = build_sharing(
             self.session.nvml,
             self.node.host.inventory,
@@ -91,6 +95,10 @@ class SharingNode:
             dynamic_mig=False,
             simulated=True,
         )
+        if backoff_s is not None:
+            effector.supervisor.backoff_s = backoff_s
+        if ready_timeout_s is not None:
+            effector.daemons.ready_timeout_s = ready_timeout_s
         engine = PrepareEngine(
             driver=DRIVER,
             node_name=NODE,
@@ -251,6 +259,12 @@ async def test_startup_restarts_the_daemon_of_a_prepared_claim(shared: SharingNo
     try:
         [again] = daemons_of(shared.pipe(ref.uid))
         assert again != pid
+        for _ in range(500):  # the supervisor records the new pid once the engine serves
+            recorded = shared.node.checkpoint_claims()[ref.uid]["intents"][0]["parameters"]
+            if recorded["pid"] == again:
+                break
+            await anyio.sleep(0.01)
+        assert recorded["pid"] == again
         log = (shared.pipe(ref.uid).parent / "log" / "control.log").read_text()
         assert log.count("set_default_active_thread_percentage 25") == 2  # limits again
         assert shared.mode(7) == ComputeMode.EXCLUSIVE_PROCESS

@@ -50,6 +50,7 @@ def record_everything() -> None:
     m.observe(m.MIG_RECONFIGURE_DURATION, 0.2, operation="create")
     m.add(m.SHARING_CHANGES, 1, strategy="MPS", operation="apply", outcome="success")
     m.set_gauge(m.MPS_DAEMONS, 1)
+    m.add(m.MPS_DAEMON_RESTARTS, 1, outcome="success")
     from agent.telemetry.export import DropCounter
 
     DropCounter().add(1, "queue_full")
