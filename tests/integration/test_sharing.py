@@ -10,6 +10,9 @@ kubelet emulator and the simulated host's tools and state.
 - MPS on a dynamic MIG device: the daemon sees the MIG device made for the claim.
 - A daemon that fails to start or never answers: the prepare fails with its log, nothing
   is left behind.
+- A daemon killed under two running pods is started again (logged, its new pid in the
+  checkpoint, the limits again, the pods' CDI spec unchanged); after SIGTERM the daemon
+  stays, the next agent adopts and supervises it; the pods' end stops it for good.
 - ``kill -9`` after the mode change and after the daemon start: after the restart the GPU
   is back to its defaults and no daemon is left; the kubelet's retry succeeds.
 - Invalid sharing configs: refused with the field path.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +233,77 @@ async def test_a_failing_daemon_fails_the_claim_and_leaves_nothing(
     result = (await harness.prepare(ref))[ref.uid]  # the kubelet's retry, the daemon works now
     assert result.error == ""
     assert (await harness.unprepare(ref))[ref.uid].error == ""
+
+
+async def wait_for_new_daemon(harness: AgentHarness, uid: str, old: int) -> int:
+    """The pid of the daemon that replaced ``old``: recorded in the checkpoint, and running."""
+    pipe = mps_dir(harness, uid) / "pipe"
+    with anyio.fail_after(20):
+        while True:
+            pid = recorded_pid(harness, uid)
+            if pid not in (None, old) and daemons_of(pipe) == [pid]:
+                return pid
+            await anyio.sleep(0.05)
+
+
+async def wait_for_log(harness: AgentHarness, text: str) -> str:
+    """The agent's log once it has ``text``."""
+    assert harness.agent is not None
+    with anyio.fail_after(20):
+        while True:
+            log = harness.agent.log()
+            if text in log:
+                return log
+            await anyio.sleep(0.05)
+
+
+async def test_a_killed_daemon_is_restarted_under_running_pods(sharing: AgentHarness) -> None:
+    harness = await running(sharing)
+    manifest = claim_from_request("mps-supervised", gpu_request(), config=MPS)
+    first = await harness.run_pod("supervised-a", [manifest])
+    second = await harness.run_pod("supervised-b", ["mps-supervised"])
+    assert first.errors() == {} and second.errors() == {}
+    uid = first.claims[0]["metadata"]["uid"]
+    [device] = allocated_devices(first.claims[0])
+    uuid = await harness.device_attribute(device, "uuid")
+    spec = harness.cdi_spec_path(uid).read_bytes()
+    pid = recorded_pid(harness, uid)
+    assert pid is not None
+
+    os.kill(pid, signal.SIGKILL)  # the daemon dies while the agent runs
+    restarted = await wait_for_new_daemon(harness, uid, pid)
+    log = await wait_for_log(harness, f"(pid {restarted}, limits applied)")
+    [exited] = [line for line in log.splitlines() if "exited unexpectedly" in line]
+    assert f"MPS control daemon of claim {uid} (pid {pid})" in exited
+    assert "killed by SIGKILL" in exited and "control.log" in exited
+    # the pods' CDI spec is as it was; CUDA in them finds the new daemon through the same
+    # pipe directory, which has the claim's limits again
+    assert harness.cdi_spec_path(uid).read_bytes() == spec
+    assert await mps_query(harness, uid, "get_default_active_thread_percentage") == "50"
+    assert await mps_query(harness, uid, "get_default_device_pinned_mem_limit 0") == "4096M"
+    assert compute_mode(harness, uuid) == EXCLUSIVE_PROCESS
+
+    # SIGTERM: the agent goes, the daemon stays; the next agent adopts and supervises it
+    assert await harness.stop_agent() == 0
+    assert daemons_of(mps_dir(harness, uid) / "pipe") == [restarted]
+    await running(harness)
+    assert daemons_of(mps_dir(harness, uid) / "pipe") == [restarted]
+    os.kill(restarted, signal.SIGKILL)
+    again = await wait_for_new_daemon(harness, uid, restarted)
+    await wait_for_log(harness, f"(pid {again}, limits applied)")
+    assert await mps_query(harness, uid, "get_default_active_thread_percentage") == "50"
+    assert harness.cdi_spec_path(uid).read_bytes() == spec
+
+    await harness.kubelet.end_pod(second)
+    answers = await harness.kubelet.end_pod(first)
+    assert all(not a.error for a in answers[DRIVER].values()), answers
+    await anyio.sleep(1.5)  # longer than the first restart's backoff: nothing comes back
+    assert daemons_of(mps_dir(harness, uid) / "pipe") == [] and again not in daemons_of(
+        mps_dir(harness, uid) / "pipe"
+    )
+    assert not mps_dir(harness, uid).exists()
+    assert compute_mode(harness, uuid) == DEFAULT
+    harness.assert_consistent()
 
 
 @pytest.mark.parametrize(
