@@ -5,6 +5,7 @@ Collector, Tempo, Prometheus and Grafana files say what docs/OBSERVABILITY.md pr
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,55 @@ def test_every_metric_is_documented() -> None:
     names = (*PROMETHEUS_NAMES, *PROCESS_NAMES, *IMEX_NAMES)
     missing = [n for n in names if f"`{n}`" not in section]
     assert missing == []
+
+
+def dashboard_panels() -> list[dict[str, Any]]:
+    path = OBSERVABILITY / "grafana" / "dashboards" / "gpu-dra-agent.json"
+    panels: list[dict[str, Any]] = json.loads(path.read_text())["panels"]
+    return panels
+
+
+def test_dashboard_panels_are_laid_out_in_rows_without_overlap() -> None:
+    panels = dashboard_panels()
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids))
+    taken: dict[tuple[int, int], str] = {}
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24, panel["title"]
+        for x in range(grid["x"], grid["x"] + grid["w"]):
+            for y in range(grid["y"], grid["y"] + grid["h"]):
+                assert (x, y) not in taken, (panel["title"], taken.get((x, y)))
+                taken[x, y] = panel["title"]
+    # in reading order, so each row's panels follow the row (Grafana groups them so)
+    assert panels == sorted(panels, key=lambda p: (p["gridPos"]["y"], p["gridPos"]["x"]))
+    assert panels[0]["type"] == "row"
+
+
+def test_every_prometheus_query_of_the_dashboard_follows_the_agent_variable() -> None:
+    for panel in dashboard_panels():
+        for target in panel.get("targets", []):
+            if target["datasource"]["type"] == "prometheus":
+                assert 'instance=~"$instance"' in target["expr"], panel["title"]
+
+
+def test_dashboard_rows_for_mig_sharing_and_imex_show_their_metrics() -> None:
+    from agent.telemetry.metrics import IMEX_NAMES
+
+    rows: dict[str, set[str]] = {}
+    for panel in dashboard_panels():
+        if panel["type"] == "row":
+            title = panel["title"]
+            rows[title] = set()
+        for target in panel.get("targets", []):
+            rows[title] |= set(re.findall(r"\bgpu_dra_\w+", target.get("expr", "")))
+    assert rows["MIG operations (--dynamic-mig)"] == {
+        "gpu_dra_mig_reconfigurations_total",
+        "gpu_dra_mig_reconfigure_duration_seconds_bucket",
+    }
+    assert rows["GPU sharing (time-slicing, MPS)"] == {
+        "gpu_dra_mps_daemon_restarts_total",
+        "gpu_dra_mps_daemons",
+        "gpu_dra_sharing_changes_total",
+    }
+    assert rows["IMEX daemons (ComputeDomains)"] == set(IMEX_NAMES)
