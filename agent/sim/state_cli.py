@@ -1,9 +1,12 @@
-"""``gpu-dra-agent sim state``: the simulated host's GPUs, MIG mode and MIG instances.
+"""``gpu-dra-agent sim state``: the simulated host's GPUs, MIG mode, compute mode and MIG
+instances.
 
 It reads the state file the simulated NVML library keeps under the agent's plugin directory
 (``agent.hardware.simulated.persist``), not the running agent, so it also answers while the
 agent is down, for example right after a ``kill -9``: what it prints is what a restarted agent
-will find, as ``nvidia-smi mig -lgi -lci`` would on a real host.
+will find, as ``nvidia-smi mig -lgi -lci`` would on a real host. The compute mode column uses
+``nvidia-smi``'s names (``Default``, ``E. Process`` while an MPS daemon has the GPU,
+``Prohibited``).
 """
 
 from __future__ import annotations
@@ -39,15 +42,27 @@ def read_state(plugins_dir: Path, driver: str) -> dict[str, Any]:
     return document
 
 
+#: ``NVML_COMPUTEMODE_*`` values as ``nvidia-smi`` prints them.
+COMPUTE_MODES = {0: "Default", 1: "E. Thread", 2: "Prohibited", 3: "E. Process"}
+
+
+def compute_mode_name(value: object) -> str:
+    if isinstance(value, int) and value in COMPUTE_MODES:
+        return COMPUTE_MODES[value]
+    return f"mode {value}"
+
+
 def format_table(document: dict[str, Any]) -> str:
-    lines = ["GPU  MINOR  UUID                                      MIG   INSTANCES"]
+    lines = ["GPU  MINOR  UUID                                      MIG   COMPUTE     INSTANCES"]
     for gpu in document.get("gpus", []):
         mode = "on" if gpu.get("migMode") else "off"
         if not gpu.get("migCapable"):
             mode = "n/a"
+        compute = compute_mode_name(gpu.get("computeMode", 0))
         instances = gpu.get("gpuInstances", [])
         lines.append(
-            f"{gpu['index']:<4} {gpu['minor']:<6} {gpu['uuid']:<41} {mode:<5} {len(instances)}"
+            f"{gpu['index']:<4} {gpu['minor']:<6} {gpu['uuid']:<41} {mode:<5} {compute:<11} "
+            f"{len(instances)}"
         )
         for gi in instances:
             cis = gi.get("computeInstances", [])

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,11 @@ async def test_mps_on_a_full_gpu(sharing: AgentHarness) -> None:
     pid = recorded_pid(harness, ref.uid)
     assert pid is not None and daemons_of(pipe) == [pid]
     assert compute_mode(harness, uuid) == EXCLUSIVE_PROCESS
+    # `gpu-dra-agent sim state`, as an operator would run it, shows the mode in its table
+    command = [sys.executable, "-m", "agent", "sim", "state", "--plugins-dir"]
+    table = await anyio.run_process([*command, str(harness.plugins_dir)])
+    [row] = [line for line in table.stdout.decode().splitlines() if uuid in line]
+    assert " E. Process " in row
     # the limits went through the pipe: 50 %, device 0 has its own 4Gi
     assert await mps_query(harness, ref.uid, "get_default_active_thread_percentage") == "50"
     assert await mps_query(harness, ref.uid, "get_default_device_pinned_mem_limit 0") == "4096M"

@@ -21,6 +21,7 @@ from agent.hardware.errors import NvmlCallFailed
 from agent.hardware.simulated import SimulatedHost, persist
 from agent.hardware.simulated import tools as sim_tools
 from agent.hardware.simulated.install import uninstall
+from agent.sim.state_cli import format_table
 
 
 @pytest.fixture
@@ -61,6 +62,10 @@ def test_compute_mode_rules_and_persistence(host: SimulatedHost, tmp_path: Path)
         assert again.library.state.gpus[1].compute_mode == ComputeMode.DEFAULT
         document = persist.to_document(again.library.state)
         assert document["gpus"][0]["computeMode"] == 3
+        # `gpu-dra-agent sim state` shows it in its table as nvidia-smi names it
+        rows = {line.split()[2]: line.split() for line in format_table(document).splitlines()}
+        assert rows["UUID"][4] == "COMPUTE"
+        assert rows[gpu][4:6] == ["E.", "Process"] and rows[uuid(host, 1)][4] == "Default"
     finally:
         again.stop()
 
