@@ -8,10 +8,13 @@ live in ``<plugins-dir>/compute-domain.nvidia.com/domains/<domain uid>/``:
 - ``nodes_config.cfg``: the addresses of the domain's nodes in this node's clique, one a line,
   in index order;
 - ``imex.pid``: the running daemon's pid, so that an agent restarted after ``kill -9`` finds
-  the daemon its predecessor left running and replaces it (never a second daemon).
+  the daemon its predecessor left running and replaces it (never a second daemon);
+- ``imex.log``: what the daemon prints (stdout and stderr). A file, not a pipe to the agent:
+  a daemon writing into a pipe whose reader died with the agent would die of ``SIGPIPE``.
 
 :class:`ImexDaemon` runs the daemon as a child of the agent (``--imex-daemon-cmd -c
-imexd.cfg``, in a session of its own): every line it prints goes into the agent's log; when
+imexd.cfg``, in a session of its own): every line it prints goes into the agent's log (the
+agent follows ``imex.log``); when
 it exits it is started again with exponential backoff (0.5 s doubling to 30 s, reset after a
 minute of running); when the rendered config changes (a node joined or left) it is stopped
 (SIGTERM, then SIGKILL after 5 s) and started with the new one. Readiness is what
@@ -41,6 +44,9 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "imexd.cfg"
 NODES_FILE = "nodes_config.cfg"
 PID_FILE = "imex.pid"
+LOG_FILE = "imex.log"
+#: How often the agent reads new lines of ``imex.log``.
+FOLLOW_INTERVAL_S = 0.1
 SERVER_PORT = 50000
 CMD_PORT = 50005
 STOP_GRACE_S = 5.0
@@ -232,10 +238,17 @@ class ImexDaemon:
         await anyio.to_thread.run_sync(kill_leftover, config.parent)
         command = [*self.command, "-c", str(config)]
         self._set("starting", "start")
+        log_path = config.parent / LOG_FILE
         try:
-            process = await anyio.open_process(
-                command, stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-            )
+            with log_path.open("ab") as output:  # the child keeps its own descriptor
+                start = output.tell()
+                process = await anyio.open_process(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         except OSError as error:
             self.output.append(f"cannot start {command[0]}: {error}")
             log.error("cannot start the IMEX daemon %s: %s", command[0], error)
@@ -251,17 +264,26 @@ class ImexDaemon:
         )
         async with anyio.create_task_group() as group:
 
+            def say(lines: list[bytes]) -> None:
+                for line in lines:
+                    text = line.decode(errors="replace").rstrip()
+                    if text:
+                        self.output.append(text)
+                        log.info("imex: %s", text, extra={"domain": domain, "pid": process.pid})
+
+            read = [start]  # offset of the first byte not yet logged (a whole line)
+
+            def follow() -> None:
+                chunk = _read_from(log_path, read[0])
+                complete = chunk[: chunk.rfind(b"\n") + 1]
+                read[0] += len(complete)
+                say(complete.split(b"\n"))
+
             async def pump() -> None:
-                assert process.stdout is not None
-                buffer = b""
-                async for chunk in process.stdout:
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        text = line.decode(errors="replace").rstrip()
-                        if text:
-                            self.output.append(text)
-                            log.info("imex: %s", text, extra={"domain": domain, "pid": process.pid})
+                """Follow ``imex.log`` from where this daemon started writing."""
+                while True:
+                    await anyio.to_thread.run_sync(follow)
+                    await anyio.sleep(FOLLOW_INTERVAL_S)
 
             async def changed() -> None:
                 while generation == self._generation:
@@ -273,6 +295,7 @@ class ImexDaemon:
             group.start_soon(changed)
             code = await process.wait()
             group.cancel_scope.cancel()
+        await anyio.to_thread.run_sync(follow)  # its last words
         self._process = None
         self.status.pid = None
         (config.parent / PID_FILE).unlink(missing_ok=True)
@@ -294,6 +317,16 @@ class ImexDaemon:
     def _set(self, state: str, reason: str) -> None:
         self.status.state = state
         self._on_change(self.status, reason)
+
+
+def _read_from(path: Path, offset: int, limit: int = 1 << 16) -> bytes:
+    """Up to ``limit`` bytes of ``path`` from ``offset`` (nothing if it is gone)."""
+    try:
+        with path.open("rb") as file:
+            file.seek(offset)
+            return file.read(limit)
+    except OSError:
+        return b""
 
 
 def kill_leftover(directory: Path) -> int | None:

@@ -26,7 +26,7 @@ import anyio
 import pytest
 
 from agent.imex.config import DRIVER as CD_DRIVER
-from agent.imex.daemon import CONFIG_FILE, NODES_FILE
+from agent.imex.daemon import CONFIG_FILE, LOG_FILE, NODES_FILE
 from agent.imex.domains import node_entries
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.deviceclasses import default_device_classes
@@ -330,6 +330,13 @@ async def test_a_daemon_that_never_gets_ready_fails_the_prepare_retryably(
 # -- crash --------------------------------------------------------------------------------------
 
 
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 async def test_kill_9_while_the_daemon_runs_restarts_it_once_and_the_domain_stays_ready(
     cluster: Cluster,
 ) -> None:
@@ -347,6 +354,12 @@ async def test_kill_9_while_the_daemon_runs_restarts_it_once_and_the_domain_stay
         what="the domain to go Ready",
     )
     config = tray_a.domain_dir(uid) / CONFIG_FILE
+    # tray-a's daemon was started for tray-a alone and is restarted when tray-b joins: kill
+    # the agent once the daemon for both runs (not while it replaces one with the other)
+    await eventually(
+        lambda: "READY: all 2 node(s)" in _text(config.parent / LOG_FILE),
+        what="tray-a's daemon to know both nodes",
+    )
     (before,) = imex_daemons(config)
 
     assert await cluster.stop(tray_a, signal.SIGKILL) == -signal.SIGKILL
