@@ -310,6 +310,34 @@ async def test_different_gpus_reconfigure_in_parallel(mig: MigNode) -> None:
         await engine.close()
 
 
+async def test_other_claims_are_not_blocked_behind_a_reconfiguration(mig: MigNode) -> None:
+    """A GPU instance that takes NVML 1.5 s to make holds up neither a full-GPU claim on
+    another GPU nor a MIG claim on another GPU, each prepared in a call of its own (as the
+    kubelet sends one request per pod)."""
+    mig.library.set_latency(1.5, "nvmlDeviceCreateGpuInstanceWithPlacement")
+    engine = await mig.engine()
+    try:
+        slow = await mig.node.claim("slow", ["gpu-0-mig-3g40gb-9-0"])
+        whole = await mig.node.claim("whole", ["gpu-5"])
+        done: dict[str, float] = {}
+        started = time.monotonic()
+
+        async def prepare_one(name: str, ref: ClaimRef) -> None:
+            assert await prepare(engine, ref) is None
+            done[name] = time.monotonic() - started
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(prepare_one, "slow", slow)
+            await anyio.sleep(0.2)  # the slow one is inside NVML now
+            group.start_soon(prepare_one, "whole", whole)
+        assert done["slow"] >= 1.5, done
+        assert done["whole"] < min(1.0, done["slow"]), done  # it did not wait for it
+        mig.library.set_latency(0.0, "nvmlDeviceCreateGpuInstanceWithPlacement")
+        assert set((await engine.unprepare([slow, whole])).values()) == {None}
+    finally:
+        await engine.close()
+
+
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     configure_tracing(exporter=InMemorySpanExporter())  # a provider for the whole session
