@@ -311,9 +311,8 @@ async def test_different_gpus_reconfigure_in_parallel(mig: MigNode) -> None:
 
 
 async def test_other_claims_are_not_blocked_behind_a_reconfiguration(mig: MigNode) -> None:
-    """A GPU instance that takes NVML 1.5 s to make holds up neither a full-GPU claim on
-    another GPU nor a MIG claim on another GPU, each prepared in a call of its own (as the
-    kubelet sends one request per pod)."""
+    """A GPU instance that takes NVML 1.5 s to make does not hold up a full-GPU claim on
+    another GPU prepared in a call of its own (the kubelet sends one request per pod)."""
     mig.library.set_latency(1.5, "nvmlDeviceCreateGpuInstanceWithPlacement")
     engine = await mig.engine()
     try:
