@@ -81,7 +81,9 @@ def class_selects(name: str, profile: str) -> list[str]:
 
 
 def test_device_classes_split_full_gpus_from_mig_devices() -> None:
-    assert set(classes()) == {"gpu.nvidia.com", "mig.nvidia.com"}
+    channel = "compute-domain-default-channel.nvidia.com"
+    assert set(classes()) == {"gpu.nvidia.com", "mig.nvidia.com", channel}
+    assert class_selects(channel, "dgx-h100") == []  # another driver's devices
     assert class_selects("gpu.nvidia.com", "dgx-h100") == [f"gpu-{i}" for i in range(8)]
     assert class_selects("mig.nvidia.com", "dgx-h100") == []
     migs = class_selects("mig.nvidia.com", "dgx-a100")  # every GPU here is partitioned
