@@ -27,6 +27,7 @@ _FACTORS: dict[str, Fraction] = {
     "E": Fraction(10**18),
     **{suffix: Fraction(1024 ** (i + 1)) for i, suffix in enumerate(_BINARY_SUFFIXES)},
 }
+_MAX_DIGITS = 64  # of a mantissa: int64 has 19, the rest is room for decimals
 _QUANTITY = re.compile(
     r"(?P<number>[+-]?(\d+(\.\d*)?|\.\d+))"
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?"
@@ -61,8 +62,16 @@ def parse_quantity(text: str) -> Fraction:
         raise InvalidValueError(
             f"{text!r} is not a Kubernetes quantity (e.g. '80Gi', '14', '1.5G')"
         )
-    number = Fraction(match["number"])
     suffix = match["suffix"] or ""
-    if suffix[:1] in ("e", "E") and suffix not in _FACTORS:
-        return number * Fraction(10) ** int(suffix[1:])
+    exponent = suffix[1:] if suffix[:1] in ("e", "E") and suffix not in _FACTORS else ""
+    # Kubernetes caps a quantity at 2^63-1 (and 3 decimals), so longer mantissas and larger
+    # exponents mean nothing; without a bound, "1e999999999" would take minutes and GiBs.
+    if len(match["number"]) > _MAX_DIGITS or len(exponent.lstrip("+-0")) > 3:
+        raise InvalidValueError(
+            f"{text[:40]!r} is out of range for a Kubernetes quantity (at most "
+            f"{_MAX_DIGITS} digits and an exponent of at most 999)"
+        )
+    number = Fraction(match["number"])
+    if exponent:
+        return number * Fraction(10) ** int(exponent)
     return number * _FACTORS[suffix]
