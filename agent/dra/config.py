@@ -150,20 +150,31 @@ def decode_parameters(
     parameters: Mapping[str, Any] | str | bytes, path: str = "parameters"
 ) -> OpaqueConfig:
     """Decode opaque parameters strictly; raises ``ConfigError`` naming every bad field."""
-    raw = parameters.encode() if isinstance(parameters, str) else parameters
-    if not isinstance(raw, bytes):
-        raw = json.dumps(parameters, separators=(",", ":")).encode()
-    if len(raw) > MAX_PARAMETERS_BYTES:
-        raise ConfigError([f"{path}: {len(raw)} bytes exceed the limit of {MAX_PARAMETERS_BYTES}"])
-    try:
-        parameters = json.loads(raw)
-    except ValueError as error:
-        raise ConfigError([f"{path}: not valid JSON ({error})"]) from None
     decoder = _Decoder()
-    config = decoder.config(parameters, path)
+    config = decoder.config(load_parameters(parameters, path), path)
     if decoder.problems or config is None:
         raise ConfigError(decoder.problems or [f"{path}: invalid"])
     return config
+
+
+def load_parameters(parameters: Mapping[str, Any] | str | bytes, path: str) -> Any:
+    """The JSON value of opaque parameters (an object, or JSON text), within the API's size
+    limit; raises ``ConfigError`` for text that is not UTF-8 JSON or nests too deeply for
+    the parser (thousands of brackets fit in the 10 KiB limit)."""
+    try:
+        if isinstance(parameters, str):
+            raw = parameters.encode()
+        elif isinstance(parameters, bytes):
+            raw = parameters
+        else:
+            raw = json.dumps(parameters, separators=(",", ":")).encode()
+        if len(raw) > MAX_PARAMETERS_BYTES:
+            raise ConfigError(
+                [f"{path}: {len(raw)} bytes exceed the limit of {MAX_PARAMETERS_BYTES}"]
+            )
+        return json.loads(raw)
+    except (ValueError, TypeError, RecursionError) as error:  # UnicodeError is a ValueError
+        raise ConfigError([f"{path}: not valid JSON ({error})"]) from None
 
 
 def config_to_dict(config: OpaqueConfig) -> dict[str, Any]:
@@ -172,7 +183,9 @@ def config_to_dict(config: OpaqueConfig) -> dict[str, Any]:
     sharing = config.sharing
     if sharing is not None:
         encoded: dict[str, Any] = {"strategy": str(sharing.strategy)}
-        if sharing.time_slicing is not None:
+        # MigDeviceConfig has no timeSlicingConfig field (a MIG device is time-sliced
+        # already): writing the normalized default would make the form unreadable.
+        if sharing.time_slicing is not None and isinstance(config, GpuConfig):
             encoded["timeSlicingConfig"] = {"interval": str(sharing.time_slicing.interval)}
         if sharing.mps is not None:
             values = (
@@ -197,8 +210,15 @@ def parse_allocation(
     if not isinstance(devices, Mapping):
         raise ConfigError(["allocation.devices: missing or not an object"])
     problems: list[str] = []
+    listed: dict[str, list[Any]] = {}
+    for key in ("results", "config"):
+        value = devices.get(key) or []
+        if not isinstance(value, list):
+            problems.append(f"devices.{key}: must be a list, got {type(value).__name__}")
+            value = []
+        listed[key] = value
     results: list[AllocationResult] = []
-    for index, item in enumerate(devices.get("results") or []):
+    for index, item in enumerate(listed["results"]):
         fields = [item.get(key) if isinstance(item, Mapping) else None for key in _RESULT_KEYS]
         if all(isinstance(value, str) and value for value in fields):
             request, driver, pool, device = map(str, fields)
@@ -207,7 +227,7 @@ def parse_allocation(
         else:
             problems.append(f"devices.results[{index}]: {', '.join(_RESULT_KEYS)} must be set")
     configs: list[DeviceConfigEntry] = []
-    for index, item in enumerate(devices.get("config") or []):
+    for index, item in enumerate(listed["config"]):
         entry = item if isinstance(item, Mapping) else {}
         source, requests = entry.get("source"), entry.get("requests") or []
         opaque = entry["opaque"] if isinstance(entry.get("opaque"), Mapping) else {}

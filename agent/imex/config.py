@@ -10,7 +10,6 @@ and the later entry wins; a channel without one is refused (there is no default 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,10 +18,10 @@ from typing import Any
 
 from agent.dra.config import (
     API_VERSION,
-    MAX_PARAMETERS_BYTES,
     AllocationResult,
     ConfigError,
     DeviceConfigEntry,
+    load_parameters,
 )
 
 DRIVER = "compute-domain.nvidia.com"
@@ -58,15 +57,7 @@ def decode_channel_config(
     parameters: Mapping[str, Any] | str | bytes, path: str = "parameters"
 ) -> ChannelConfig:
     """Decode strictly; raises ``ConfigError`` naming every bad field with its path."""
-    raw = parameters.encode() if isinstance(parameters, str) else parameters
-    if not isinstance(raw, bytes):
-        raw = json.dumps(parameters, separators=(",", ":")).encode()
-    if len(raw) > MAX_PARAMETERS_BYTES:
-        raise ConfigError([f"{path}: {len(raw)} bytes exceed the limit of {MAX_PARAMETERS_BYTES}"])
-    try:
-        value = json.loads(raw)
-    except ValueError as error:
-        raise ConfigError([f"{path}: not valid JSON ({error})"]) from None
+    value = load_parameters(parameters, path)
     if not isinstance(value, Mapping):
         raise ConfigError([f"{path}: must be an object, got {type(value).__name__}"])
     problems = [
@@ -86,7 +77,7 @@ def decode_channel_config(
             f"{path}.domainID: must be the ComputeDomain's uid (a lowercase UUID), got {domain!r}"
         )
     mode = value.get("allocationMode", AllocationMode.SINGLE.value)
-    if mode not in {m.value for m in AllocationMode}:
+    if not isinstance(mode, str) or mode not in {m.value for m in AllocationMode}:
         problems.append(f"{path}.allocationMode: must be one of Single, All, got {mode!r}")
     if problems:
         raise ConfigError(problems)
