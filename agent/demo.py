@@ -213,8 +213,14 @@ async def _wait_registered(kubelet: Any, process: Process) -> Any:
 async def _show_slices(server: Any, node: str) -> None:
     import anyio
 
+    from agent.sim.allocation import whole_pool
+
+    def published() -> list[dict[str, Any]]:
+        found = server.list_objects("resourceslices", field_selector=f"spec.driver={DRIVER}")
+        return found if found and whole_pool(found) else []
+
     with anyio.fail_after(START_TIMEOUT):
-        while not (slices := server.list_objects("resourceslices")):  # noqa: ASYNC110
+        while not (slices := published()):  # noqa: ASYNC110
             await anyio.sleep(0.1)
     say(f"4. ResourceSlices published for node {node}:")
     for item in slices:

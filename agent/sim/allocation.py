@@ -106,6 +106,17 @@ class ClusterView:
     claims: list[Obj]
 
 
+def whole_pool(slices: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``slices`` (of one driver's pool) are all of one generation and as many as
+    that generation says: the publisher writes a pool of several slices one at a time, so
+    reading part of it would show only some of the node's devices (what the scheduler
+    waits out too)."""
+    pools = {
+        (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices
+    }
+    return len(pools) == 1 and len(slices) == next(iter(pools))[1]
+
+
 async def _node_labels(session: aiohttp.ClientSession, node_name: str) -> Mapping[str, str]:
     """The Node's labels (none when there is no Node object, as with a bare API server)."""
     try:

@@ -47,6 +47,7 @@ from agent.sim.allocation import (
     create_and_allocate_claim,
     create_claim,
     delete_claim,
+    whole_pool,
 )
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, PodReference, create_allocated_claim
@@ -254,13 +255,7 @@ class AgentHarness:
 
         def published() -> list[dict[str, Any]]:
             found = self.server.list_objects("resourceslices", field_selector=selector)
-            pools = {
-                (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"])
-                for s in found
-            }
-            if len(pools) != 1 or len(found) != next(iter(pools))[1]:
-                return []
-            return found
+            return found if found and whole_pool(found) else []
 
         with anyio.fail_after(timeout):
             while not (found := published()):  # noqa: ASYNC110
