@@ -174,6 +174,7 @@ class PrepareBatch:
                     await write_spec(self._specs, ref.uid, devices)
             except (NodeError, cdi.CdiSpecError) as error:
                 self._failures[ref.uid] = str(error)
+                await self._undo_made(ref.uid, devices)
                 return
         self._written[ref.uid] = devices
         crash_point("after-cdi-write")
@@ -207,6 +208,21 @@ class PrepareBatch:
         except NodeError as error:  # the intent write failed: nothing was changed
             self._failures[uid] = str(error)
         return None
+
+    async def _undo_made(self, uid: str, devices: Prepared) -> None:
+        """Undo what the effectors made for a claim that fails after all (its CDI spec could
+        not be written); what cannot be undone stays recorded for the retry and startup."""
+        entry = self._state.checkpoint.claims.get(uid)
+        intents = entry.intents if entry is not None else ()
+        if not intents:
+            return
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._effects.undo(uid, intents, devices)
+        except EffectFailed as error:
+            self._leftover[uid] = error.leftover or intents
+            return
+        self._state.update(cp.record_intents(self._state.checkpoint, uid, ()))
 
     async def _record(self, uid: str, intents: tuple[cp.Intent, ...]) -> None:
         """Write ``uid``'s intents into its started entry, durably."""

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from agent.node import checkpoint as cp
+from agent.node.cdi import CdiFileError, CdiSpecDirectory
 from agent.node.checkpoint import Checkpoint
 from agent.node.checkpoint_store import CheckpointStore
 from agent.node.effectors import (
@@ -149,6 +150,44 @@ async def test_failure_keeps_what_could_not_be_undone_until_the_retry(node: Node
         assert effector.undone == [(ref.uid, (SLOT,))]
         assert effector.made == {SLOT: ref.uid}
         assert (await engine.unprepare([ref]))[ref.uid] is None
+        node.assert_consistent()
+    finally:
+        await engine.close()
+
+
+@pytest.mark.parametrize("undo_fails", [False, True], ids=["undone", "undo-fails"])
+async def test_a_failed_cdi_write_undoes_what_the_effectors_made(
+    node: Node, monkeypatch: pytest.MonkeyPatch, undo_fails: bool
+) -> None:
+    """The device was made, then its CDI spec could not be written (disk full): the claim
+    fails and the device is undone at once, or kept recorded (started) until it can be."""
+    effector = FakeEffector(node)
+    engine = await _engine(node, effector)
+    try:
+        ref = await node.claim("mig", [SLOT])
+
+        def disk_full(self: CdiSpecDirectory, claim_uid: str, spec: object) -> None:
+            raise CdiFileError(f"cannot write the CDI spec of claim {claim_uid}: disk full")
+
+        with monkeypatch.context() as patch:
+            patch.setattr(CdiSpecDirectory, "write_claim", disk_full)
+            effector.fail_undo = undo_fails
+            result = (await engine.prepare([ref]))[ref.uid]
+        assert result.error is not None and "disk full" in result.error
+        assert not node.spec_path(ref.uid).exists()
+        if not undo_fails:
+            assert effector.undone == [(ref.uid, (SLOT,))] and effector.made == {}
+            assert ref.uid not in node.checkpoint_claims()
+        else:
+            assert effector.made == {SLOT: ref.uid}
+            entry = node.checkpoint_claims()[ref.uid]
+            assert entry["state"] == "PrepareStarted" and entry["intents"][0]["device"] == SLOT
+        # the kubelet's retry succeeds and leaves exactly one device made
+        effector.fail_undo = False
+        assert (await engine.prepare([ref]))[ref.uid].error is None
+        assert effector.made == {SLOT: ref.uid}
+        assert (await engine.unprepare([ref]))[ref.uid] is None
+        assert effector.made == {}
         node.assert_consistent()
     finally:
         await engine.close()
