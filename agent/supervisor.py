@@ -232,6 +232,8 @@ class Supervisor:
             from agent.dra import build_device_set
 
             dynamic_mig = _dynamic_mig_settings(engine.checkpoint, config.adopt_mig_instances)
+            if report.rolled_back:  # recovery destroyed what a crash made: read the GPUs again
+                inventory = await discover(session.nvml, config.host_root)
             device_set = build_device_set(inventory, dynamic_mig=dynamic_mig)
             devices, counter_sets = list(device_set.devices), device_set.counter_sets
             slice_layout = await _slice_layout_for_server(api_client, config.slice_layout)
