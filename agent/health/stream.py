@@ -22,13 +22,12 @@ from typing import Any
 
 import anyio
 import grpclib.const
-from grpclib import GRPCError
 from grpclib.const import Status
 from opentelemetry.trace import SpanKind
 
 from agent.health.state import DeviceStatus
 from agent.kubelet import api
-from agent.kubelet.rpc import InFlightCalls
+from agent.kubelet.rpc import InFlightCalls, receive_request
 from agent.telemetry.tracing import context_from_metadata, tracer
 
 log = logging.getLogger(__name__)
@@ -150,8 +149,7 @@ class HealthStreamService:
     async def _watch(self, stream: Any, service: str, pb: ModuleType) -> None:
         self.calls.enter(METHOD)
         try:
-            if await stream.recv_message() is None:
-                raise GRPCError(Status.INVALID_ARGUMENT, f"{METHOD}: the request has no message")
+            await receive_request(stream, METHOD, pb.NodeWatchResourcesRequest)
             with tracer().start_as_current_span(
                 f"{service}/{METHOD}",
                 context=context_from_metadata(stream.metadata),
