@@ -33,19 +33,31 @@ class ScreenedClaims:
     errors: dict[str, str] = field(default_factory=dict)
 
 
+#: How much of an invalid value an error message quotes: the kubelet's grpc-go client refuses
+#: answers over 4 MiB, so a message must not echo a megabyte name back (nor log it).
+SHOWN_CHARACTERS = 80
+
+
+def shown(value: str) -> str:
+    """``repr(value)``, cut to ``SHOWN_CHARACTERS`` with the full length named."""
+    if len(value) <= SHOWN_CHARACTERS:
+        return repr(value)
+    return f"{value[:SHOWN_CHARACTERS]!r}... ({len(value)} characters)"
+
+
 def claim_problem(namespace: str, uid: str, name: str) -> str | None:
     """Why this claim identity cannot be processed, or None."""
     if not uid:
-        return f"claim {namespace}/{name} has an empty uid"
+        return f"claim {shown(namespace)}/{shown(name)} has an empty uid"
     if not _UID.fullmatch(uid):
         return (
-            f"claim {namespace}/{name}: uid {uid!r} is not a Kubernetes UID (letters, digits and "
-            "'-', at most 128 characters)"
+            f"claim {shown(namespace)}/{shown(name)}: uid {shown(uid)} is not a Kubernetes UID "
+            "(letters, digits and '-', at most 128 characters)"
         )
     if not is_dns_label(namespace):
-        return f"claim {uid}: namespace {namespace!r} is not a valid namespace name"
+        return f"claim {uid}: namespace {shown(namespace)} is not a valid namespace name"
     if not is_dns_subdomain(name):
-        return f"claim {uid}: name {name!r} is not a valid ResourceClaim name"
+        return f"claim {uid}: name {shown(name)} is not a valid ResourceClaim name"
     return None
 
 
