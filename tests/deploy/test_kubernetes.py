@@ -33,6 +33,7 @@ SIMULATED = KUBERNETES / "overlays" / "simulated"
 UID = "6f0c9a4e-2b1d-4c55-8e8e-1f2a3b4c5d6e"
 SA_USER = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
+SLICE_POLICY = "gpu-dra-agent-resourceslices"
 
 
 def test_every_kustomization_is_found_and_builds() -> None:
@@ -269,7 +270,7 @@ def test_rbac_is_least_privilege() -> None:
 
 def _admit(operation: str, user_node: str | None, new: str | None, old: str | None) -> bool:
     """Evaluate the policy as the API server would for the agent's service account."""
-    policy = find(build(PRODUCTION), "ValidatingAdmissionPolicy")["spec"]
+    policy = find(build(PRODUCTION), "ValidatingAdmissionPolicy", SLICE_POLICY)["spec"]
     extra = {NODE_CLAIM: [user_node]} if user_node else {}
     activation: dict[str, Any] = {
         "request": {"operation": operation, "userInfo": {"username": SA_USER, "extra": extra}},
@@ -284,8 +285,8 @@ def _admit(operation: str, user_node: str | None, new: str | None, old: str | No
 
 
 def test_admission_policy_limits_the_agent_to_its_own_nodes_slices() -> None:
-    policy = find(build(PRODUCTION), "ValidatingAdmissionPolicy")
-    binding = find(build(PRODUCTION), "ValidatingAdmissionPolicyBinding")
+    policy = find(build(PRODUCTION), "ValidatingAdmissionPolicy", SLICE_POLICY)
+    binding = find(build(PRODUCTION), "ValidatingAdmissionPolicyBinding", SLICE_POLICY)
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
     assert binding["spec"]["validationActions"] == ["Deny"]
     rules = policy["spec"]["matchConstraints"]["resourceRules"]
@@ -306,7 +307,7 @@ def test_admission_policy_limits_the_agent_to_its_own_nodes_slices() -> None:
 
 
 def test_admission_policy_ignores_other_users() -> None:
-    policy = find(build(PRODUCTION), "ValidatingAdmissionPolicy")["spec"]
+    policy = find(build(PRODUCTION), "ValidatingAdmissionPolicy", SLICE_POLICY)["spec"]
     activation = {"request": {"userInfo": {"username": "system:node:node-a", "extra": {}}}}
     assert not any(cel.evaluate(c["expression"], activation) for c in policy["matchConditions"])
 
