@@ -16,6 +16,7 @@ upgrade puts two on a node) finishes a prepare.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -28,7 +29,7 @@ from types import TracebackType
 import anyio
 
 from agent.crash import crash_point
-from agent.node.errors import LockTimeout
+from agent.node.errors import LockTimeout, NodeError
 
 _TEMP_MARKER = ".tmp-"
 _TEMPORARY = re.compile(r"\..+\.tmp-[0-9a-f]{16}")
@@ -179,7 +180,7 @@ class NodeLock:
             raise RuntimeError(f"node lock {self.path} is already held by this object")
         limit = self.timeout if max_wait is None else max_wait
         deadline = time.monotonic() + limit
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = _open_lock_file(self.path)
         try:
             while not _try_flock(fd):
                 if time.monotonic() >= deadline:
@@ -213,6 +214,33 @@ class NodeLock:
         traceback: TracebackType | None,
     ) -> None:
         self.release()
+
+
+def _open_lock_file(path: Path) -> int:
+    """Open (or create) the lock file, never through a symlink.
+
+    The agent runs as root and writes its pid into the file: a symlink planted in its place
+    (the plugin directory is the kubelet's, shared with other plugins) would have it truncate
+    and write any file on the node. A symlink found there is moved aside, kept for a
+    post-mortem as ``<name>.symlink-<random>``, and a lock file created in its place; a path
+    that still cannot be opened is a ``NodeError`` naming it (a per-claim error, not a crash).
+    """
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as error:
+        if error.errno != errno.ELOOP:
+            raise NodeError(f"cannot open the node lock {path}: {error}") from error
+    aside = path.with_name(f"{path.name}.symlink-{secrets.token_hex(4)}")
+    with suppress(FileNotFoundError):  # another instance moved it first
+        os.rename(path, aside)
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as error:
+        raise NodeError(
+            f"cannot open the node lock {path}: {error}; the agent does not follow a symlink "
+            "there (one was moved aside and another put in its place)"
+        ) from error
 
 
 def _try_flock(fd: int) -> bool:
