@@ -85,14 +85,25 @@ class CdiSpecDirectory:
         return {uid for uid in uids if uid is not None}
 
     def status(self, path: Path, expected: Mapping[str, Any]) -> SpecStatus:
-        """Whether the file at ``path`` holds ``expected`` (compared as JSON) with mode 0644."""
+        """Whether the file at ``path`` holds ``expected`` (compared as JSON) with mode 0644.
+
+        Only a regular file can match: a symlink in its place (whatever it points to, even a
+        file with the right content) DIFFERS, so that ``ensure`` replaces it with a file of
+        our own; the runtime would otherwise read a spec whoever owns the target can change.
+        """
         try:
-            mode = os.stat(path).st_mode
-            with open(path, "rb") as file:
-                document = json.loads(file.read())
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return SpecStatus.MISSING
-        except (OSError, ValueError):
+        except OSError:  # ELOOP: a symlink
+            return SpecStatus.DIFFERS
+        try:
+            with open(fd, "rb") as file:
+                mode = os.fstat(file.fileno()).st_mode
+                if not stat.S_ISREG(mode):
+                    return SpecStatus.DIFFERS
+                document = json.loads(file.read())
+        except (OSError, ValueError, RecursionError):
             return SpecStatus.DIFFERS
         if stat.S_IMODE(mode) != SPEC_MODE or document != expected:
             return SpecStatus.DIFFERS
