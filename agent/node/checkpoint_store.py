@@ -37,8 +37,10 @@ file frees its inode: about 70 us of journal work on ext4, twice per prepare).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -191,9 +193,17 @@ class CheckpointStore:
             return durable.write_atomic_pinned(self.path, data, FILE_MODE)
 
     def _read_and_pin(self) -> bytes:
-        """The file's content; the descriptor it was read through becomes the pin."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        """The file's content; the descriptor it was read through becomes the pin.
+
+        Only a regular file is read: a symlink (ELOOP), a FIFO (whose open would block the
+        start forever) or a device (``/dev/zero`` would be read until memory runs out)
+        planted in its place raises OSError, so ``load`` moves it aside as unreadable.
+        """
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+        fd = os.open(self.path, flags)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file")
             chunks: list[bytes] = []
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
