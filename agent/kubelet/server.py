@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 
 #: How long a stop waits for unary calls in flight before cancelling them.
 DEFAULT_SHUTDOWN_GRACE = 10.0
+
+
+#: The mode of the agent's gRPC sockets: the kubelet (root) connects, nobody else may.
+SOCKET_MODE = 0o755
 
 
 class UnixGrpcServer:
@@ -57,6 +62,9 @@ class UnixGrpcServer:
         clear_stale_socket(self.path)
         server = Server(self._services)
         await server.start(path=str(self.path))
+        # connect(2) needs write permission: only the owner (root, as the kubelet) may call,
+        # whatever the process umask (which alone would give 0777 & ~umask)
+        os.chmod(self.path, SOCKET_MODE)
         self._server = server
         self._identity = SocketIdentity.of(self.path)
         log.info("%s socket listening", self.name, extra={"socket": str(self.path)})

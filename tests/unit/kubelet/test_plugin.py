@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +118,19 @@ async def test_a_regular_file_in_the_way_is_not_deleted(short_dir: Path) -> None
         await plugin.run()
     assert plugin.dra_server.path.read_text() == "precious"
     assert not plugin.registrar.path.exists()
+
+
+async def test_socket_modes_do_not_depend_on_the_umask(short_dir: Path) -> None:
+    plugin = make_plugin(short_dir, FakeEngine())
+    old = os.umask(0)
+    try:
+        async with anyio.create_task_group() as task_group:
+            await task_group.start(plugin.run)
+            for path in (plugin.dra_server.path, plugin.registrar.path):
+                assert stat.S_IMODE(path.stat().st_mode) == 0o755, path
+            task_group.cancel_scope.cancel()
+    finally:
+        os.umask(old)
 
 
 async def _call_prepare(path: Path, answers: list[Any]) -> None:
