@@ -5,15 +5,12 @@ node without a clique, and the recorded answer on the kubelet's retry."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent.imex.config import DRIVER, ChannelConfig
@@ -27,24 +24,12 @@ from agent.kube.claims import ApiClaimReader
 from agent.node.types import ClaimRef
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
-from agent.telemetry.tracing import configure_tracing
 from tests.support.metrics import reading
 from tests.unit.imex.conftest import compute_domain
 
 pytestmark = pytest.mark.anyio
 CLIQUE = "6f1a3c2e-9b4d-4e7a-8c21-3d5f7a9b1c0e.32766"
 TRAY_CLIQUE = Clique(CLIQUE)
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    configure_tracing(exporter=InMemorySpanExporter())  # a provider for the whole session
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()
 
 
 async def make_engine(

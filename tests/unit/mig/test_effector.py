@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,9 +14,7 @@ from typing import Any
 import anyio
 import pynvml
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent.hardware import mig_ops
@@ -32,7 +30,6 @@ from agent.node import checkpoint as cp
 from agent.node.engine import PrepareEngine
 from agent.node.types import ClaimRef
 from agent.sim.apiserver import EmbeddedApiServer
-from agent.telemetry.tracing import configure_tracing
 from tests.support.metrics import reading
 from tests.unit.node.engine_support import Host, Node
 
@@ -335,17 +332,6 @@ async def test_other_claims_are_not_blocked_behind_a_reconfiguration(mig: MigNod
         assert set((await engine.unprepare([slow, whole])).values()) == {None}
     finally:
         await engine.close()
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    configure_tracing(exporter=InMemorySpanExporter())  # a provider for the whole session
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()
 
 
 async def test_reconfigure_spans_nest_under_the_claim_and_metrics_count(

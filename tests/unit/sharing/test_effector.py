@@ -11,7 +11,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +19,7 @@ from typing import Any
 import anyio
 import pynvml
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from agent.hardware import compute_mode
@@ -35,7 +33,6 @@ from agent.sharing import build_sharing
 from agent.sharing.mps import daemons_of
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig
-from agent.telemetry.tracing import configure_tracing
 from tests.support.metrics import reading
 from tests.unit.node.engine_support import DRIVER, NODE, Host, Node
 
@@ -273,17 +270,6 @@ async def test_startup_restarts_the_daemon_of_a_prepared_claim(shared: SharingNo
         assert shared.mode(7) == ComputeMode.DEFAULT
     finally:
         await engine.close()
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    configure_tracing(exporter=InMemorySpanExporter())  # a provider for the whole session
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider)
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield exporter
-    exporter.shutdown()
 
 
 async def test_spans_nest_under_the_claim_and_metrics_count(
