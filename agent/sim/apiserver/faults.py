@@ -36,6 +36,7 @@ class FaultRule:
     retry_after: int | None = None
     message: str = ""
     delay: float = 0.0
+    after: bool = False  # latency: handle the request first, then wait before answering
     hits: int = 0
 
     def matches(self, method: str, path: str) -> bool:
@@ -54,9 +55,11 @@ class RequestRecord:
 
 @dataclass
 class FaultPlan:
-    """What the middleware must do with one request: sleep, then fail or drop (or neither)."""
+    """What the middleware must do with one request: sleep, then fail or drop (or neither);
+    ``delay_after`` is slept after the request was handled, before the answer is sent."""
 
     delay: float = 0.0
+    delay_after: float = 0.0
     fail: FaultRule | None = None
     drop: bool = False
     rules: list[FaultRule] = field(default_factory=list)
@@ -90,10 +93,19 @@ class FaultInjector:
         return self._add(rule)
 
     def add_latency(
-        self, method: str, path: PathPattern, seconds: float, *, count: int | None = None
+        self,
+        method: str,
+        path: PathPattern,
+        seconds: float,
+        *,
+        count: int | None = None,
+        after: bool = False,
     ) -> FaultRule:
-        """Delay matching requests by ``seconds`` before they are handled."""
-        return self._add(FaultRule("latency", method.upper(), path, count, delay=seconds))
+        """Delay matching requests by ``seconds`` before they are handled, or with ``after``
+        once they are handled (a write is stored, its answer comes late: what a client whose
+        timeout is shorter sees as a failure that happened anyway)."""
+        rule = FaultRule("latency", method.upper(), path, count, delay=seconds, after=after)
+        return self._add(rule)
 
     def drop_next(self, method: str, path: PathPattern, *, count: int | None = 1) -> FaultRule:
         """Close the connection of the next ``count`` matching requests without any response."""
@@ -115,7 +127,9 @@ class FaultInjector:
             for rule in list(self._rules):
                 if not rule.matches(method, path):
                     continue
-                if rule.action == "latency":
+                if rule.action == "latency" and rule.after:
+                    plan.delay_after += rule.delay
+                elif rule.action == "latency":
                     plan.delay += rule.delay
                 elif plan.fail is not None or plan.drop:
                     continue

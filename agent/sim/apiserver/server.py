@@ -217,6 +217,8 @@ class EmbeddedApiServer:
                 raise ApiError(rule.status, message, headers=headers)
             response = await handler(request)
             status = response.status
+            if plan.delay_after:
+                await asyncio.sleep(plan.delay_after)
             return response
         except ApiError as error:
             status = error.code

@@ -103,6 +103,20 @@ async def test_latency(apiserver: EmbeddedApiServer, http: aiohttp.ClientSession
     assert time.monotonic() - started < 0.3
 
 
+async def test_latency_after_handling_stores_the_write_and_answers_late(
+    apiserver: EmbeddedApiServer, k8s: Any
+) -> None:
+    """A client that gives up before the late answer still finds its write stored."""
+    api = client.ResourceV1Api(k8s)
+    apiserver.faults.add_latency("POST", SLICES, 1.0, count=1, after=True)
+    with pytest.raises(TimeoutError):
+        await api.create_resource_slice(slice_body(), _request_timeout=0.2)
+    assert len(apiserver.list_objects("resourceslices")) == 1  # stored before the wait
+    await anyio.sleep(1.0)
+    [record] = apiserver.requests.records("POST", SLICES)
+    assert record.status == 201  # answered, too late for that client
+
+
 async def test_rules_can_be_added_from_another_thread(
     apiserver: EmbeddedApiServer, http: aiohttp.ClientSession
 ) -> None:
