@@ -3,7 +3,10 @@
 A corrupt checkpoint or a reboot that invalidated prepared claims changes what runs on the
 node; ``kubectl describe node`` is where an operator looks first. Posting an Event is
 best-effort: it must never turn a successful recovery into a failure, so every error is
-logged and swallowed here, and each post is bounded by a timeout.
+logged and swallowed here, and each post is bounded by a timeout. A transient failure (429,
+5xx, a dropped connection) is retried a few times with backoff, honouring ``Retry-After``
+up to :data:`MAX_EVENT_RETRY_AFTER_S`, so one throttled or failed request does not lose the
+Event; a timeout is not retried, because the server may have stored the first post.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 import aiohttp
+import anyio
 
+from agent.kube.backoff import Backoff
 from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -28,6 +33,12 @@ EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 # Events about cluster-scoped objects (Nodes) live in the default namespace, as the kubelet's do.
 EVENT_NAMESPACE = "default"
 DEFAULT_TIMEOUT_S = 5.0
+#: Posts of one Event at most (the first and its retries of transient failures).
+DEFAULT_ATTEMPTS = 4
+#: Statuses worth another post: throttling and server-side trouble.
+RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: The longest ``Retry-After`` honoured for an Event (it must not hold later ones for long).
+MAX_EVENT_RETRY_AFTER_S = 5.0
 
 
 class EventPoster(Protocol):
@@ -71,44 +82,69 @@ class ApiEventPoster:
         *,
         node_uid: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        attempts: int = DEFAULT_ATTEMPTS,
+        retry_initial: float = 0.5,
     ) -> None:
         self._api = api_client
         self._node = node_name
         self._node_uid = node_uid
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._attempts = max(1, attempts)
+        self._retry_initial = retry_initial
 
     async def post(self, type_: EventType, reason: str, message: str) -> None:
         event = node_event(self._node, self._node_uid, type_, reason, message)
+        backoff = Backoff(initial=self._retry_initial, maximum=2.0)
         with tracer().start_as_current_span("event.post") as span:
             span.set_attribute("k8s.event.reason", reason)
-            try:
-                response = await self._api.call_api(
-                    EVENTS_PATH.format(namespace=EVENT_NAMESPACE),
-                    "POST",
-                    header_params={
-                        "Accept": "application/json",
-                        "Content-Type": "application/json",
-                    },
-                    body=event,
-                    auth_settings=["BearerToken"],
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                )
-                async with response:
-                    status = response.status
-                    body = await response.read()
-            except (TimeoutError, aiohttp.ClientError) as error:
-                log.warning("could not post Event %s on node %s: %s", reason, self._node, error)
-                return
-            span.set_attribute("http.response.status_code", status)
-        if not 200 <= status < 300:
-            log.warning(
-                "could not post Event %s on node %s: the API server answered %d: %s",
-                reason,
-                self._node,
-                status,
-                _message(body),
+            for attempt in range(1, self._attempts + 1):
+                failure = await self._post_once(event, span)
+                if failure is None:
+                    return
+                why, retryable, retry_after = failure
+                if not retryable or attempt == self._attempts:
+                    tries = f" (after {attempt} attempts)" if attempt > 1 else ""
+                    log.warning(
+                        "could not post Event %s on node %s%s: %s", reason, self._node, tries, why
+                    )
+                    return
+                capped = None if retry_after is None else min(retry_after, MAX_EVENT_RETRY_AFTER_S)
+                await anyio.sleep(backoff.next_delay(capped))
+
+    async def _post_once(self, event: Obj, span: Any) -> tuple[str, bool, float | None] | None:
+        """One POST; ``None`` when stored, else (why, worth retrying, Retry-After seconds)."""
+        try:
+            response = await self._api.call_api(
+                EVENTS_PATH.format(namespace=EVENT_NAMESPACE),
+                "POST",
+                header_params={
+                    "Accept": "application/json",
+                    "Content-Type": "application/json",
+                },
+                body=event,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=self._timeout,
             )
+            async with response:
+                status = response.status
+                body = await response.read()
+                raw_retry_after = response.headers.get("Retry-After")
+        except TimeoutError as error:
+            return f"no answer in time ({error or 'timeout'})", False, None
+        except aiohttp.ClientError as error:
+            return str(error) or type(error).__name__, True, None
+        span.set_attribute("http.response.status_code", status)
+        if 200 <= status < 300:
+            return None
+        retry_after: float | None = None
+        if raw_retry_after is not None:
+            try:
+                retry_after = max(0.0, float(raw_retry_after))
+            except ValueError:
+                retry_after = None
+        why = f"the API server answered {status}: {_message(body)}"
+        return why, status in RETRYABLE_STATUSES, retry_after
 
 
 class LoggingEventPoster:
