@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench clean tools cdi-schema prometheus image image-tools test-image
+.PHONY: demo test lint proto bench soak clean tools cdi-schema prometheus image image-tools test-image
 
 # Files the tests take from Debian's packages live in a cache inside the checkout, fetched
 # without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
@@ -81,7 +81,11 @@ proto: $(STAMP)
 
 ## bench: every registered benchmark, one table (see docs/PERFORMANCE.md)
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+## soak: SOAK_CYCLES (10000) prepare/unprepare cycles against the real agent (docs/RELIABILITY.md)
+soak: $(STAMP)
+	$(BIN)/python -m benchmarks.soak
 
 clean:
 	rm -rf $(VENV) $(CACHE_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,368 @@
+"""Soak: many prepare/unprepare cycles against the real agent process, with faults around them.
+
+``make soak`` (``python -m benchmarks.soak``; ``SOAK_CYCLES`` or ``--cycles`` sets the count,
+10 000 by default). What runs:
+
+* the embedded API server and the kubelet emulator in this process, the agent as a process of
+  its own: ``gpu-dra-agent run --simulate dgx-h100 --dynamic-mig true``;
+* claims allocated once, in setup, by the allocator (as kube-scheduler would): full GPUs and
+  dynamic MIG devices of two profiles. Each cycle is one NodePrepareResources and one
+  NodeUnprepareResources of one of them over the DRA socket, round robin, so a MIG cycle
+  creates and destroys a GPU and compute instance in the simulated library. (Allocating per
+  cycle costs more than the cycle itself; the setup's time per allocation is printed.)
+* concurrently: a non-fatal XID every ``--xid-interval`` seconds through the simulation's
+  control socket (a new taint, a health-stream message, a slice write), and a wipe of the
+  node's ResourceSlices in the API server every ``--wipe-interval`` seconds, each waited for
+  until the agent has published a whole pool again.
+
+The agent's RSS (``VmRSS``) and open file descriptors are read from ``/proc`` at 10 % of the
+run (after warm-up) and at 100 %, and sampled every 1 %. The run fails (exit 1) on any error:
+a prepare or unprepare error, a wipe not repaired within 10 s, an XID the control socket
+refused, the agent exiting, an ERROR or a traceback in its log; or when RSS exceeds
+``RSS_LIMIT_MB`` at any sample, RSS grows by ``DRIFT_LIMIT_MB`` or more between 10 % and 100 %,
+or open descriptors grow by more than ``FD_DRIFT_LIMIT``. It prints one summary table.
+
+Not covered: ComputeDomain channels (a second agent on a gb200-nvl72-tray host) are not part
+of the soak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from agent.sim.allocation import (
+    ApiAccess,
+    claim_from_request,
+    create_and_allocate_claim,
+    whole_pool,
+)
+from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.control import control_socket_path
+from agent.sim.control.client import send_request
+from agent.sim.deviceclasses import default_device_classes
+from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
+from benchmarks import percentile
+
+DRIVER, NODE, NAMESPACE = "gpu.nvidia.com", "soak-node", "default"
+RSS_LIMIT_MB = 120.0
+DRIFT_LIMIT_MB = 5.0
+FD_DRIFT_LIMIT = 2
+#: Non-fatal XIDs (NoSchedule taints under the default policy).
+XIDS = (8, 32, 38, 56, 57, 60, 61, 62, 63, 65, 69)
+SELECTOR = f"spec.nodeName={NODE},spec.driver={DRIVER}"
+
+
+def _mig(profile: str) -> dict[str, Any]:
+    selector = f"device.attributes['gpu.nvidia.com'].profile == '{profile}'"
+    return {
+        "name": "mig",
+        "exactly": {
+            "deviceClassName": "mig.nvidia.com",
+            "selectors": [{"cel": {"expression": selector}}],
+        },
+    }
+
+
+#: The claims cycled through, as users would write them: (kind, request).
+CLAIMS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("gpu", {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}),
+    ("gpu", {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}),
+    ("mig", _mig("1g.10gb")),
+    ("mig", _mig("1g.10gb")),
+    ("mig", _mig("3g.40gb")),
+)
+
+
+@dataclass
+class Sample:
+    cycle: int
+    rss_mb: float
+    fds: int
+
+
+@dataclass
+class SoakReport:
+    """What one soak measured (``check`` lists the violated bounds)."""
+
+    cycles: int
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=list)
+    cycle_ms: dict[str, list[float]] = field(default_factory=dict)
+    xids: int = 0
+    wipes: int = 0
+    repair_ms: list[float] = field(default_factory=list)
+    allocate_ms: list[float] = field(default_factory=list)
+    at_10: Sample | None = None
+    at_100: Sample | None = None
+
+    @property
+    def rss_max(self) -> float:
+        return max((s.rss_mb for s in self.samples), default=float("nan"))
+
+    @property
+    def drift_mb(self) -> float:
+        assert self.at_10 is not None and self.at_100 is not None
+        return self.at_100.rss_mb - self.at_10.rss_mb
+
+    @property
+    def fd_drift(self) -> int:
+        assert self.at_10 is not None and self.at_100 is not None
+        return self.at_100.fds - self.at_10.fds
+
+    def violations(self) -> list[str]:
+        found = list(self.errors)
+        if self.rss_max > RSS_LIMIT_MB:
+            found.append(f"RSS {self.rss_max:.1f} MB > {RSS_LIMIT_MB:g} MB")
+        if self.at_10 is None or self.at_100 is None:
+            found.append("the run ended before its 100 % sample")
+            return found
+        if abs(self.drift_mb) >= DRIFT_LIMIT_MB:
+            found.append(f"RSS drift {self.drift_mb:+.1f} MB (limit < {DRIFT_LIMIT_MB:g} MB)")
+        if self.fd_drift > FD_DRIFT_LIMIT:
+            found.append(f"file descriptors {self.fd_drift:+d} (limit +{FD_DRIFT_LIMIT})")
+        return found
+
+    def table(self) -> str:
+        def pct(values: list[float], q: float) -> str:
+            return f"{percentile(values, q):.1f}" if values else "-"
+
+        lines = [
+            f"soak: {self.cycles} prepare/unprepare cycles in {self.seconds:.0f} s",
+            f"{'what':<44} {'value':>12}  bound",
+            f"{'-' * 44} {'-' * 12}  -----",
+            f"{'errors':<44} {len(self.errors):>12}  0",
+        ]
+        for kind, values in sorted(self.cycle_ms.items()):
+            lines.append(
+                f"{f'{kind} cycle p50 / p99 (ms), n={len(values)}':<44} "
+                f"{pct(values, 50) + ' / ' + pct(values, 99):>12}"
+            )
+        lines += [
+            f"{'XIDs injected (non-fatal)':<44} {self.xids:>12}",
+            f"{'slice wipes, all repaired':<44} {self.wipes:>12}",
+            f"{'wipe -> whole pool again p50 / p99 (ms)':<44} "
+            f"{pct(self.repair_ms, 50) + ' / ' + pct(self.repair_ms, 99):>12}",
+            f"{'allocation in setup, p50 (ms)':<44} {pct(self.allocate_ms, 50):>12}",
+            f"{'agent RSS max (MB)':<44} {self.rss_max:>12.1f}  <= {RSS_LIMIT_MB:g}",
+        ]
+        if self.at_10 is not None and self.at_100 is not None:
+            lines += [
+                f"{'RSS at 10 % / 100 % (MB)':<44} "
+                f"{f'{self.at_10.rss_mb:.1f} / {self.at_100.rss_mb:.1f}':>12}",
+                f"{'RSS drift 10 % -> 100 % (MB)':<44} {self.drift_mb:>+12.1f}  "
+                f"< {DRIFT_LIMIT_MB:g}",
+                f"{'open fds at 10 % / 100 %':<44} "
+                f"{f'{self.at_10.fds} / {self.at_100.fds}':>12}  +{FD_DRIFT_LIMIT}",
+            ]
+        return "\n".join(lines)
+
+
+def read_process(pid: int) -> tuple[float, int]:
+    """(RSS in MB, open file descriptors) of ``pid`` from /proc."""
+    rss_kb = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss_kb = int(line.split()[1])
+    return rss_kb / 1024, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def soak(
+    base: Path,
+    cycles: int,
+    *,
+    xid_interval: float = 0.5,
+    wipe_interval: float = 3.0,
+    progress: bool = False,
+) -> SoakReport:
+    """Run the soak under ``base``; returns the report (nothing raised for a violated bound)."""
+    report = SoakReport(cycles)
+    async with EmbeddedApiServer() as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        for device_class in default_device_classes():
+            server.put_object(device_class)
+        kubeconfig = server.write_kubeconfig(base / "kubeconfig")
+        async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
+            command = [
+                sys.executable, "-m", "agent", "run", "--simulate", "dgx-h100",
+                "--dynamic-mig", "true", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+                "--registrar-dir", str(base / "registry"), "--plugins-dir", str(base / "plugins"),
+                "--cdi-root", str(base / "cdi"), "--log-level", "warning",
+            ]  # fmt: skip
+            environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+            log_path = base / "agent.log"
+            with log_path.open("wb") as log_file:
+                agent = await anyio.open_process(
+                    command, stdout=log_file, stderr=log_file, env=environ
+                )
+            try:
+                await kl.wait_event(EventKind.REGISTERED, DRIVER, timeout=60)
+                await _whole_pool(server, 30)
+                refs = await _allocate(server, report)
+                await _run(
+                    server, kl, agent.pid, base, refs, report, xid_interval, wipe_interval, progress
+                )
+            except Exception as err:
+                report.errors.append(f"{type(err).__name__}: {err}")
+            finally:
+                if agent.returncode is not None:
+                    report.errors.append(f"the agent exited with status {agent.returncode}")
+                agent.terminate()
+                with anyio.fail_after(20):
+                    await agent.wait()
+            log = log_path.read_text(errors="replace")
+            bad = [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line]
+            report.errors += [f"agent log: {line[:200]}" for line in bad[:20]]
+    return report
+
+
+async def _whole_pool(server: EmbeddedApiServer, timeout: float) -> float:  # noqa: ASYNC109
+    """Wait until the node's slices form a whole pool; returns the monotonic time then."""
+    with anyio.fail_after(timeout):
+        while True:
+            found = server.list_objects("resourceslices", field_selector=SELECTOR)
+            if found and whole_pool(found):
+                return time.monotonic()
+            await anyio.sleep(0.01)
+
+
+async def _allocate(server: EmbeddedApiServer, report: SoakReport) -> list[tuple[str, ClaimRef]]:
+    access = ApiAccess(server.url, server.token)
+    refs = []
+    for index, (kind, request) in enumerate(CLAIMS):
+        name = f"soak-{kind}-{index}"
+        started = time.perf_counter()
+        created = await create_and_allocate_claim(
+            access, claim_from_request(name, request, namespace=NAMESPACE), NODE
+        )
+        report.allocate_ms.append((time.perf_counter() - started) * 1000)
+        refs.append(
+            (kind, ClaimRef(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"]))
+        )
+    return refs
+
+
+async def _run(
+    server: EmbeddedApiServer,
+    kubelet: KubeletEmulator,
+    pid: int,
+    base: Path,
+    refs: list[tuple[str, ClaimRef]],
+    report: SoakReport,
+    xid_interval: float,
+    wipe_interval: float,
+    progress: bool,
+) -> None:
+    control = control_socket_path(base / "plugins" / DRIVER)
+    step = max(1, report.cycles // 100)
+    started = time.perf_counter()
+
+    async def xids() -> None:
+        k = 0
+        while True:
+            await anyio.sleep(xid_interval)
+            gpu, xid = k % 8, XIDS[(k // 8) % len(XIDS)]
+            k += 1
+            try:
+                await send_request(control, {"op": "xid", "gpu": str(gpu), "xid": xid})
+                report.xids += 1
+            except Exception as err:
+                report.errors.append(f"xid {xid} on GPU {gpu}: {err}")
+
+    async def wipes() -> None:
+        while True:
+            await anyio.sleep(wipe_interval)
+            for item in server.list_objects("resourceslices", field_selector=SELECTOR):
+                server.delete_object("resourceslices", item["metadata"]["name"])
+            wiped = time.monotonic()
+            try:
+                back = await _whole_pool(server, 10)
+            except TimeoutError:
+                report.errors.append("slices not republished within 10 s of a wipe")
+                continue
+            report.wipes += 1
+            report.repair_ms.append((back - wiped) * 1000)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(xids)
+        group.start_soon(wipes)
+        for cycle in range(1, report.cycles + 1):
+            kind, ref = refs[cycle % len(refs)]
+            began = time.perf_counter()
+            try:
+                prepared = await kubelet.prepare(DRIVER, [ref])
+                error = prepared[ref.uid].error
+                if error:
+                    report.errors.append(f"cycle {cycle}: prepare {ref.name}: {error}")
+                unprepared = await kubelet.unprepare(DRIVER, [ref])
+                error = unprepared[ref.uid].error
+                if error:
+                    report.errors.append(f"cycle {cycle}: unprepare {ref.name}: {error}")
+            except Exception as err:
+                report.errors.append(f"cycle {cycle}: {type(err).__name__}: {err}")
+            report.cycle_ms.setdefault(kind, []).append((time.perf_counter() - began) * 1000)
+            if len(report.errors) > 50:
+                break
+            if cycle % step == 0 or cycle == report.cycles:
+                rss, fds = read_process(pid)
+                sample = Sample(cycle, rss, fds)
+                report.samples.append(sample)
+                if report.at_10 is None and cycle >= report.cycles // 10:
+                    report.at_10 = sample
+                if cycle == report.cycles:
+                    report.at_100 = sample
+                if progress and cycle % (step * 10) == 0:
+                    print(
+                        f"soak: {cycle}/{report.cycles} cycles, RSS {rss:.1f} MB, {fds} fds, "
+                        f"{len(report.errors)} errors",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        group.cancel_scope.cancel()
+    report.seconds = time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    default = int(os.environ.get("SOAK_CYCLES", "10000"))
+    parser.add_argument("--cycles", type=int, default=default, help="(SOAK_CYCLES, 10000)")
+    parser.add_argument("--xid-interval", type=float, default=0.5, help="seconds (0.5)")
+    parser.add_argument("--wipe-interval", type=float, default=3.0, help="seconds (3)")
+    args = parser.parse_args(argv)
+    if args.cycles < 10:
+        parser.error("--cycles must be at least 10")
+    logging.getLogger("agent").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="soak-", dir="/tmp") as folder:
+        report = anyio.run(
+            lambda: soak(
+                Path(folder),
+                args.cycles,
+                xid_interval=args.xid_interval,
+                wipe_interval=args.wipe_interval,
+                progress=True,
+            )
+        )
+    print(report.table())
+    failures = report.violations()
+    for failure in failures[:30]:
+        print(f"FAIL: {failure}")
+    print("soak: PASS" if not failures else f"soak: FAIL ({len(failures)} problems)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
