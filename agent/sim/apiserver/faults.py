@@ -37,9 +37,12 @@ class FaultRule:
     message: str = ""
     delay: float = 0.0
     after: bool = False  # latency: handle the request first, then wait before answering
+    watch: bool | None = None  # True: only watch requests; False: only the others; None: both
     hits: int = 0
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, watch: bool = False) -> bool:
+        if self.watch is not None and self.watch != watch:
+            return False
         return (self.method in ("*", method.upper())) and path_matches(self.path, path)
 
 
@@ -81,15 +84,19 @@ class FaultInjector:
         count: int | None = 1,
         retry_after: int | None = None,
         message: str = "",
+        watch: bool | None = None,
     ) -> FaultRule:
         """Answer the next ``count`` matching requests with ``status`` and a real Status body.
 
         ``path`` is a glob (``/apis/resource.k8s.io/v1/resourceslices*``) or a compiled regex (searched).
         For 429 ``retry_after`` defaults to 1 second and is sent as the ``Retry-After`` header.
+        ``watch`` limits the rule to watch requests (``True``) or to the others (``False``): a
+        LIST and a WATCH share their path.
         """
         if status == 429 and retry_after is None:
             retry_after = 1
         rule = FaultRule("fail", method.upper(), path, count, status, retry_after, message)
+        rule.watch = watch
         return self._add(rule)
 
     def add_latency(
@@ -100,16 +107,25 @@ class FaultInjector:
         *,
         count: int | None = None,
         after: bool = False,
+        watch: bool | None = None,
     ) -> FaultRule:
         """Delay matching requests by ``seconds`` before they are handled, or with ``after``
         once they are handled (a write is stored, its answer comes late: what a client whose
         timeout is shorter sees as a failure that happened anyway)."""
         rule = FaultRule("latency", method.upper(), path, count, delay=seconds, after=after)
+        rule.watch = watch
         return self._add(rule)
 
-    def drop_next(self, method: str, path: PathPattern, *, count: int | None = 1) -> FaultRule:
+    def drop_next(
+        self,
+        method: str,
+        path: PathPattern,
+        *,
+        count: int | None = 1,
+        watch: bool | None = None,
+    ) -> FaultRule:
         """Close the connection of the next ``count`` matching requests without any response."""
-        return self._add(FaultRule("drop", method.upper(), path, count))
+        return self._add(FaultRule("drop", method.upper(), path, count, watch=watch))
 
     def remove(self, rule: FaultRule) -> None:
         with self._lock:
@@ -120,12 +136,12 @@ class FaultInjector:
         with self._lock:
             self._rules.clear()
 
-    def plan(self, method: str, path: str) -> FaultPlan:
+    def plan(self, method: str, path: str, watch: bool = False) -> FaultPlan:
         """Consume the rules that match this request; latency rules add up, the first failure wins."""
         plan = FaultPlan()
         with self._lock:
             for rule in list(self._rules):
-                if not rule.matches(method, path):
+                if not rule.matches(method, path, watch):
                     continue
                 if rule.action == "latency" and rule.after:
                     plan.delay_after += rule.delay

@@ -201,7 +201,8 @@ class EmbeddedApiServer:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        plan = self.faults.plan(request.method, request.path)
+        watching = parse_bool(request.query.get("watch"))
+        plan = self.faults.plan(request.method, request.path, watching)
         status = 0  # stays 0 for a dropped connection
         try:
             if plan.delay:
@@ -244,7 +245,7 @@ class EmbeddedApiServer:
                     request.path,
                     dict(request.query),
                     status,
-                    parse_bool(request.query.get("watch")),
+                    watching,
                     request.headers.get("Content-Type", ""),
                 )
             )

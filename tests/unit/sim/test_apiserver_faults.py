@@ -117,6 +117,22 @@ async def test_latency_after_handling_stores_the_write_and_answers_late(
     assert record.status == 201  # answered, too late for that client
 
 
+async def test_rules_can_pick_watches_or_lists(apiserver: EmbeddedApiServer, k8s: Any) -> None:
+    """A LIST and a WATCH share their path; ``watch=`` sends a fault to one of them."""
+    api = client.ResourceV1Api(k8s)
+    apiserver.faults.fail_next("GET", SLICES, 410, watch=True)
+    apiserver.faults.fail_next("GET", SLICES, 503, watch=False)
+    with pytest.raises(ApiException) as failed:
+        await api.list_resource_slice()
+    assert failed.value.status == 503
+    response = await api.list_resource_slice(watch=True, _preload_content=False)
+    assert response.status == 410
+    response.release()
+    assert (await api.list_resource_slice()).items == []
+    statuses = [(r.watch, r.status) for r in apiserver.requests.records("GET", SLICES)]
+    assert statuses == [(False, 503), (True, 410), (False, 200)]
+
+
 async def test_rules_can_be_added_from_another_thread(
     apiserver: EmbeddedApiServer, http: aiohttp.ClientSession
 ) -> None:
