@@ -71,7 +71,14 @@ from agent.hardware.inventory import Gpu, Inventory
 from agent.hardware.mig_ops import FULL_CI_PROFILE_BY_SLICES, LiveGpuInstance, MigOps
 from agent.mig import rules
 from agent.node import checkpoint as cp
-from agent.node.effectors import Describe, EffectFailed, Prepared, RecordIntents, StartupRecovery
+from agent.node.effectors import (
+    Describe,
+    EffectFailed,
+    Prepared,
+    RecordIntents,
+    StartupRecovery,
+    undo_unfinished,
+)
 from agent.node.plan import NodeDevice, node_devices
 from agent.telemetry.metrics import MIG_RECONFIGURATIONS, MIG_RECONFIGURE_DURATION, add, observe
 from agent.telemetry.tracing import tracer
@@ -241,28 +248,17 @@ class MigEffector:
             for device in claim.devices:
                 if device.mig is not None:
                     self._owners[(device.mig.parent_uuid, device.mig.gi_id)] = claim.uid
-        rolled_back: list[str] = []
-        kept: dict[str, tuple[cp.Intent, ...]] = {}
-        problems: list[str] = []
-        for claim in checkpoint.claims.values():
-            mine = tuple(i for i in claim.intents if i.effector == NAME)
-            if claim.state is not cp.ClaimState.PREPARE_STARTED or not mine:
-                continue
-            try:
-                await self.undo(claim.uid, mine, claim.devices)
-                rolled_back.append(claim.uid)
-            except EffectFailed as error:
-                kept[claim.uid] = error.leftover or mine
-                problems.append(str(error))
+        recovery = await undo_unfinished(NAME, checkpoint, self.undo)
+        problems = list(recovery.problems)
         if self._adopt:
             problems.extend(await self._destroy_unowned(checkpoint))
-        if rolled_back:
+        if recovery.rolled_back:
             log.info(
                 "rolled back the MIG instances of %d claim(s) that never completed",
-                len(rolled_back),
-                extra={"claims": rolled_back},
+                len(recovery.rolled_back),
+                extra={"claims": list(recovery.rolled_back)},
             )
-        return StartupRecovery(tuple(rolled_back), kept, tuple(problems))
+        return replace(recovery, problems=tuple(problems))
 
     # -- prepare --------------------------------------------------------------------------
 

@@ -81,6 +81,28 @@ class StartupRecovery:
     problems: tuple[str, ...] = ()
 
 
+Undo = Callable[[str, tuple[cp.Intent, ...], Prepared], Awaitable[None]]
+
+
+async def undo_unfinished(name: str, checkpoint: cp.Checkpoint, undo: Undo) -> StartupRecovery:
+    """The common part of an effector's ``recover``: undo the intents of effector ``name`` in
+    every claim that never completed; what cannot be undone is kept, with the reason."""
+    rolled_back: list[str] = []
+    kept: dict[str, tuple[cp.Intent, ...]] = {}
+    problems: list[str] = []
+    for claim in checkpoint.claims.values():
+        mine = tuple(i for i in claim.intents if i.effector == name)
+        if claim.state is not cp.ClaimState.PREPARE_STARTED or not mine:
+            continue
+        try:
+            await undo(claim.uid, mine, claim.devices)
+            rolled_back.append(claim.uid)
+        except EffectFailed as error:
+            kept[claim.uid] = error.leftover or mine
+            problems.append(str(error))
+    return StartupRecovery(tuple(rolled_back), kept, tuple(problems))
+
+
 class DeviceEffector(Protocol):
     """The protocol of the module docstring."""
 

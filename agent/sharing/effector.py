@@ -56,6 +56,7 @@ from agent.node.effectors import (
     Prepared,
     RecordIntents,
     StartupRecovery,
+    undo_unfinished,
 )
 from agent.node.plan import NodeDevice
 from agent.sharing.mps import MpsDaemons, daemons_of, limit_commands
@@ -179,32 +180,21 @@ class SharingEffector:
 
     async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery:
         daemons = self._rebuild_settings(checkpoint)
-        rolled_back: list[str] = []
-        kept: dict[str, tuple[cp.Intent, ...]] = {}
-        problems: list[str] = []
-        for claim in checkpoint.claims.values():
-            started = tuple(i for i in claim.intents if i.effector == NAME)
-            if claim.state is not cp.ClaimState.PREPARE_STARTED or not started:
-                continue
-            try:
-                await self.undo(claim.uid, started, claim.devices)
-                rolled_back.append(claim.uid)
-            except EffectFailed as error:
-                kept[claim.uid] = error.leftover or started
-                problems.append(str(error))
+        recovery = await undo_unfinished(NAME, checkpoint, self.undo)
+        problems = list(recovery.problems)
         running, revive_problems = await self._revive_daemons(checkpoint)
         problems.extend(revive_problems)
         for uid, (pid, unrecorded) in running.items():
             self.supervisor.watch(uid, pid, confirm=unrecorded)
         self._with_daemon = daemons
         set_gauge(MPS_DAEMONS, len(self._with_daemon))
-        if rolled_back:
+        if recovery.rolled_back:
             log.info(
                 "undid the sharing settings of %d claim(s) that never completed",
-                len(rolled_back),
-                extra={"claims": rolled_back},
+                len(recovery.rolled_back),
+                extra={"claims": list(recovery.rolled_back)},
             )
-        return StartupRecovery(tuple(rolled_back), kept, tuple(problems))
+        return replace(recovery, problems=tuple(problems))
 
     def _rebuild_settings(self, checkpoint: cp.Checkpoint) -> set[str]:
         """The per-GPU settings of the completed claims of ``checkpoint``; the claims
