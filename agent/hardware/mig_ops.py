@@ -103,7 +103,7 @@ def read_layout(parent_uuid: str, *, with_uuids: bool = True) -> MigLayout:
             profile_ids.add(int(pynvml.nvmlDeviceGetGpuInstanceProfileInfo(device, enum).id))
         except pynvml.NVMLError:
             continue  # a profile this GPU does not offer
-    mig_uuids = _mig_uuids(device) if with_uuids else {}
+    mig_uuids = _mig_uuids(device, where) if with_uuids else {}
     found: list[LiveGpuInstance] = []
     for profile_id in sorted(profile_ids):
         array = (pynvml.c_nvmlGpuInstance_t * 8)()
@@ -159,20 +159,31 @@ def _compute_instances(gpu_instance: Any, where: str) -> list[tuple[int, int]]:
     return sorted(found)
 
 
-def _mig_uuids(device: Any) -> dict[tuple[int, int], str]:
-    """(GI id, CI id) -> MIG device UUID, by walking the GPU's MIG device handles."""
+def _mig_uuids(device: Any, where: str) -> dict[tuple[int, int], str]:
+    """(GI id, CI id) -> MIG device UUID, by walking the GPU's MIG device handles; a failed
+    read is ``NvmlCallFailed`` like every other call here (it escaped as a bare NVMLError)."""
     found: dict[tuple[int, int], str] = {}
-    count = pynvml.nvmlDeviceGetMaxMigDeviceCount(device)
+    count = _call(
+        "DeviceGetMaxMigDeviceCount", pynvml.nvmlDeviceGetMaxMigDeviceCount, where, device
+    )
     for index in range(count):
         try:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(device, index)
         except pynvml.NVMLError:
             continue
+        mig_where = f"MIG device {index} of {where}"
         key = (
-            int(pynvml.nvmlDeviceGetGpuInstanceId(mig)),
-            int(pynvml.nvmlDeviceGetComputeInstanceId(mig)),
+            int(_call("DeviceGetGpuInstanceId", pynvml.nvmlDeviceGetGpuInstanceId, mig_where, mig)),
+            int(
+                _call(
+                    "DeviceGetComputeInstanceId",
+                    pynvml.nvmlDeviceGetComputeInstanceId,
+                    mig_where,
+                    mig,
+                )
+            ),
         )
-        found[key] = str(pynvml.nvmlDeviceGetUUID(mig))
+        found[key] = str(_call("DeviceGetUUID", pynvml.nvmlDeviceGetUUID, mig_where, mig))
     return found
 
 
@@ -227,7 +238,7 @@ def create_compute_instance(parent_uuid: str, gi_id: int, ci_profile: int) -> tu
     )
     ci_info = _call("ComputeInstanceGetInfo", pynvml.nvmlComputeInstanceGetInfo, where, instance)
     ci_id = int(ci_info.id)
-    return ci_id, _mig_uuids(device).get((gi_id, ci_id), "")
+    return ci_id, _mig_uuids(device, where).get((gi_id, ci_id), "")
 
 
 def destroy_compute_instance(parent_uuid: str, gi_id: int, ci_id: int) -> bool:
