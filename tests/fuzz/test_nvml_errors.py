@@ -1,0 +1,348 @@
+"""Every NVML call the agent makes, failing with every error code pynvml defines.
+
+The functions are not listed by hand: each operation (discovery, the health event pump,
+dynamic MIG reconfiguration, compute mode changes) is run once against the simulated
+library beneath the real pynvml bindings and the C functions it called are recorded. Then,
+for every recorded function and every ``NVML_ERROR_*`` code of pynvml (31 with
+NVML_ERROR_UNKNOWN), the function's next call returns that code (``fail_next``) and the
+operation runs again. The promise checked:
+
+- discovery returns an inventory (an optional field missing, or the GPU left out with a
+  reason that names the function and the code) or raises ``HardwareError`` naming both;
+- the event pump never dies: every GPU ends up watched, or reported UNMONITORED/GPU_LOST
+  with a detail;
+- MIG and compute-mode operations succeed or raise ``NvmlCallFailed`` naming the function
+  and the code, and the GPU is usable afterwards (the next clean run succeeds).
+
+Any other exception, a hang or a message that does not say which call failed is listed, per
+function and code, in one assertion at the end of each operation's test.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pynvml
+import pytest
+
+from agent.hardware import compute_mode, mig_ops
+from agent.hardware.discovery import discover_host
+from agent.hardware.errors import HardwareError, NvmlCallFailed, NvmlLibraryNotFound
+from agent.hardware.events import EventPump, WatchedGpu
+from agent.hardware.health_events import EventKind, HealthEvent
+from agent.hardware.simulated import SimulatedHost
+from agent.hardware.simulated.install import uninstall
+
+pytestmark = pytest.mark.anyio
+
+#: Every error code the bindings define (NVML_ERROR_UNKNOWN is 999).
+CODES = sorted(
+    {v for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}
+)
+#: Codes by which NVML says an instance does not exist (or MIG is off).
+ABSENT = {pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED}
+#: One case (an operation with one injected failure) must end within this.
+CASE_LIMIT_S = 5.0
+#: Functions recorded but not injected: session setup and teardown around the MIG and
+#: compute-mode cases (discovery covers them: it opens its own session).
+SESSION = {"nvmlInit_v2", "nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString"}
+
+
+def python_name(c_function: str) -> str:
+    """The pynvml name of a C function (``nvmlDeviceGetCount_v2`` -> ``nvmlDeviceGetCount``;
+    a ``...V`` struct variant is named after its unversioned function, which it falls back to)."""
+    return re.sub(r"(_v\d+|V)$", "", c_function)
+
+
+def precise(error: BaseException, function: str, code: int) -> bool:
+    """A HardwareError that names the failed call and its code (a library that cannot be
+    loaded has its own error, which says what to install)."""
+    if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND and function.startswith("nvmlInit"):
+        return isinstance(error, NvmlLibraryNotFound)
+    text = str(error)
+    return (
+        isinstance(error, HardwareError)
+        and python_name(function) in text
+        and f"NVML error {code}" in text
+    )
+
+
+def _clear_failures(host: SimulatedHost) -> None:
+    with host.library.lock:  # injected failures the case did not consume must not leak
+        host.library._failures.clear()
+        host.library._gpu_failures.clear()
+
+
+def _recorded(host: SimulatedHost) -> dict[str, int]:
+    with host.library.lock:
+        return dict(host.library.calls)
+
+
+class Matrix:
+    """Runs one operation for every (recorded function, code) and collects what went wrong."""
+
+    def __init__(self, host: SimulatedHost) -> None:
+        self.host = host
+        self.problems: list[str] = []
+        self.cases = 0
+
+    async def record(self, operation: Callable[[], Awaitable[Any]]) -> list[str]:
+        before = _recorded(self.host)
+        await operation()
+        after = _recorded(self.host)
+        called = [f for f, n in after.items() if n > before.get(f, 0)]
+        return sorted(set(called) - SESSION)
+
+    async def run(
+        self,
+        functions: list[str],
+        case: Callable[[str, int], Awaitable[str | None]],
+        reset: Callable[[], Awaitable[None]],
+    ) -> None:
+        for function in functions:
+            for code in CODES:
+                self.cases += 1
+                _clear_failures(self.host)
+                self.host.library.fail_next(function, code)
+                try:
+                    with anyio.fail_after(CASE_LIMIT_S):
+                        problem = await case(function, code)
+                except TimeoutError:
+                    problem = f"no answer within {CASE_LIMIT_S} s"
+                except Exception as error:
+                    problem = f"raised {type(error).__name__}: {error}"
+                _clear_failures(self.host)
+                if problem:
+                    self.problems.append(f"{function} -> {code}: {problem}")
+                try:
+                    await reset()
+                except Exception as error:
+                    self.problems.append(
+                        f"{function} -> {code}: the next clean run failed: "
+                        f"{type(error).__name__}: {error}"
+                    )
+
+    def check(self, minimum_functions: int, functions: list[str]) -> None:
+        assert len(functions) >= minimum_functions, functions
+        assert self.cases == len(functions) * len(CODES)
+        assert not self.problems, "\n".join(self.problems[:40])
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[[str], SimulatedHost]]:
+    hosts: list[SimulatedHost] = []
+
+    def make(profile: str) -> SimulatedHost:
+        host = SimulatedHost.start(profile, tmp_path / f"host-{len(hosts)}")
+        hosts.append(host)
+        return host
+
+    yield make
+    for host in hosts:
+        host.stop()
+    uninstall()
+
+
+# -- discovery --------------------------------------------------------------------------------
+
+
+async def test_discovery(start: Callable[[str], SimulatedHost]) -> None:
+    """dgx-a100 (MIG devices, NVLink, fabric): 28 functions x 31 codes."""
+    host = start("dgx-a100")
+    matrix = Matrix(host)
+    baseline = await discover_host(None, host.root)
+    gpus = len(baseline.gpus)
+
+    async def discover() -> None:
+        await discover_host(None, host.root)
+
+    functions = await matrix.record(discover)
+    functions += [f for f in ("nvmlInitWithFlags", "nvmlShutdown") if f in _recorded(host)]
+
+    async def case(function: str, code: int) -> str | None:
+        try:
+            inventory = await discover_host(None, host.root)
+        except HardwareError as error:
+            return None if precise(error, function, code) else f"imprecise: {error}"
+        if len(inventory.gpus) + len(inventory.unreadable_gpus) != gpus:
+            return f"{len(inventory.gpus)} GPUs, {len(inventory.unreadable_gpus)} left out"
+        for reason in inventory.unreadable_gpus:
+            if python_name(function) not in reason or f"NVML error {code}" not in reason:
+                return f"a GPU left out without saying why: {reason}"
+        return None
+
+    async def reset() -> None:
+        assert await discover_host(None, host.root) == baseline
+
+    await matrix.run(functions, case, reset)
+    matrix.check(20, functions)
+
+
+# -- the health event pump --------------------------------------------------------------------
+
+
+async def test_event_pump(start: Callable[[str], SimulatedHost]) -> None:
+    """l40s-pcie (4 GPUs): the pump's functions x 31 codes, each with a fresh pump."""
+    host = start("l40s-pcie")
+    pynvml.nvmlInit()
+    uuids = [g.spec.uuid for g in host.library.state.gpus]
+    gpus = [WatchedGpu(i, u) for i, u in enumerate(uuids)]
+    matrix = Matrix(host)
+
+    async def pump_once(
+        until: Callable[[EventPump, list[HealthEvent]], bool],
+    ) -> tuple[EventPump, list[HealthEvent]]:
+        pump = EventPump(
+            gpus, wait_timeout=0.02, rebuild_interval=0.02, retry_initial=0.02, retry_max=0.05
+        )
+        seen: list[HealthEvent] = []
+        async with anyio.create_task_group() as group:
+            group.start_soon(pump.run, seen.extend)
+            while not until(pump, seen):  # noqa: ASYNC110 (a condition, polled)
+                await anyio.sleep(0.005)
+            await anyio.sleep(0.03)  # a few more waits: the pump must survive them too
+            group.cancel_scope.cancel()
+        return pump, seen
+
+    def all_watched(pump: EventPump, _seen: list[HealthEvent]) -> bool:
+        return len(pump.watched) == len(gpus)
+
+    async def watch() -> None:
+        await pump_once(all_watched)
+
+    functions = await matrix.record(watch)
+    with host.library.lock:
+        calls_before = dict(host.library.calls)
+
+    def accounted(pump: EventPump, seen: list[HealthEvent]) -> bool:
+        with host.library.lock:  # nvmlEventSetFree fails only when the pump stops
+            consumed = not any(host.library._failures.values()) or (
+                anyio.current_time() - started[0] > 0.1
+            )
+        last = {e.gpu_uuid: e for e in seen}
+        return consumed and all(
+            u in pump.watched
+            or (u in last and last[u].kind in (EventKind.UNMONITORED, EventKind.GPU_LOST))
+            for u in uuids
+        )
+
+    started = [0.0]
+
+    async def case(function: str, code: int) -> str | None:
+        started[0] = anyio.current_time()
+        _pump, seen = await pump_once(accounted)
+        for event in seen:
+            if event.kind in (EventKind.UNMONITORED, EventKind.GPU_LOST) and not event.detail:
+                return f"{event.kind} of {event.gpu_uuid} without a detail"
+        return None
+
+    async def reset() -> None:
+        await pump_once(all_watched)
+
+    await matrix.run(functions, case, reset)
+    assert calls_before  # the pump called NVML at all
+    matrix.check(4, functions)
+
+
+# -- dynamic MIG ------------------------------------------------------------------------------
+
+
+async def test_mig_reconfiguration(start: Callable[[str], SimulatedHost]) -> None:
+    """dgx-h100, GPU 0: enable MIG, create a 3g instance and its compute instance, read the
+    layout, destroy both, disable MIG; each step's functions x 31 codes."""
+    host = start("dgx-h100")
+    pynvml.nvmlInit()
+    parent = host.profile.gpus[0].uuid
+
+    def reconfigure() -> None:
+        mig_ops.set_mig_mode(parent, True)
+        gi = mig_ops.create_gpu_instance(parent, 9, 4, 4)
+        ci, mig_uuid = mig_ops.create_compute_instance(parent, gi, 2)
+        layout = mig_ops.read_layout(parent)
+        assert [c.mig_uuid for g in layout.instances for c in g.compute_instances] == [mig_uuid]
+        mig_ops.destroy_compute_instance(parent, gi, ci)
+        mig_ops.destroy_gpu_instance(parent, gi)
+        mig_ops.set_mig_mode(parent, False)
+
+    def clean_up() -> None:
+        """What a failed reconfiguration left, removed without injected failures (as the
+        effector's undo does)."""
+        layout = mig_ops.read_layout(parent)
+        for gi in layout.instances:
+            for ci in gi.compute_instances:
+                mig_ops.destroy_compute_instance(parent, gi.id, ci.id)
+            mig_ops.destroy_gpu_instance(parent, gi.id)
+        if layout.mig_enabled:
+            mig_ops.set_mig_mode(parent, False)
+
+    matrix = Matrix(host)
+
+    async def run() -> None:
+        await anyio.to_thread.run_sync(reconfigure)
+
+    functions = await matrix.record(run)
+
+    async def case(function: str, code: int) -> str | None:
+        try:
+            await anyio.to_thread.run_sync(reconfigure)
+        except NvmlCallFailed as error:
+            if precise(error, function, code):
+                return None
+            # NOT_FOUND / NOT_SUPPORTED while looking an instance up means "already gone"
+            # to a destroy: the truth comes out at the next call, which must say so.
+            if code in ABSENT and error.code != code:
+                return None
+            return f"imprecise: {error}"
+        except AssertionError:
+            return None  # a layout read that failed softly (no UUID): the next read has it
+        return None
+
+    async def reset() -> None:
+        await anyio.to_thread.run_sync(clean_up)
+        await anyio.to_thread.run_sync(reconfigure)
+
+    await matrix.run(functions, case, reset)
+    matrix.check(8, functions)
+
+
+# -- compute mode (time-slicing and MPS) ------------------------------------------------------
+
+
+async def test_compute_mode(start: Callable[[str], SimulatedHost]) -> None:
+    """dgx-h100, GPU 1: exclusive-process for MPS and back to default; functions x 31 codes."""
+    host = start("dgx-h100")
+    pynvml.nvmlInit()
+    gpu = host.profile.gpus[1].uuid
+    exclusive = compute_mode.ComputeMode.EXCLUSIVE_PROCESS
+
+    def switch() -> None:
+        assert compute_mode.set_compute_mode(gpu, exclusive)
+        assert compute_mode.get_compute_mode(gpu) == int(exclusive)
+        assert compute_mode.set_compute_mode(gpu, compute_mode.ComputeMode.DEFAULT)
+
+    matrix = Matrix(host)
+
+    async def run() -> None:
+        await anyio.to_thread.run_sync(switch)
+
+    functions = await matrix.record(run)
+
+    async def case(function: str, code: int) -> str | None:
+        try:
+            await anyio.to_thread.run_sync(switch)
+        except NvmlCallFailed as error:
+            return None if precise(error, function, code) else f"imprecise: {error}"
+        return None
+
+    async def reset() -> None:
+        await anyio.to_thread.run_sync(
+            compute_mode.set_compute_mode, gpu, compute_mode.ComputeMode.DEFAULT
+        )
+        await anyio.to_thread.run_sync(switch)
+
+    await matrix.run(functions, case, reset)
+    matrix.check(3, functions)
