@@ -80,6 +80,14 @@ def _call(span_name: str, fn: Callable[..., T], target: str, *args: Any) -> T:
         raise call_failed(fn, exc, target) from exc
 
 
+#: What NVML answers for a profile a GPU (or GPU instance) does not offer. Any other error
+#: while listing profiles or instances fails the read: a layout with a profile silently
+#: missing would hide its instances (an unprepare would find "nothing to destroy").
+_NOT_OFFERED = frozenset(
+    {pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_INVALID_ARGUMENT, NOT_FOUND}
+)
+
+
 def _handle(parent_uuid: str) -> Any:
     return _call(
         "DeviceGetHandleByUUID", pynvml.nvmlDeviceGetHandleByUUID, parent_uuid, parent_uuid
@@ -101,8 +109,10 @@ def read_layout(parent_uuid: str, *, with_uuids: bool = True) -> MigLayout:
     for enum in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
         try:
             profile_ids.add(int(pynvml.nvmlDeviceGetGpuInstanceProfileInfo(device, enum).id))
-        except pynvml.NVMLError:
-            continue  # a profile this GPU does not offer
+        except pynvml.NVMLError as exc:
+            if exc.value in _NOT_OFFERED:
+                continue  # a profile this GPU does not offer
+            raise call_failed(pynvml.nvmlDeviceGetGpuInstanceProfileInfo, exc, where) from exc
     mig_uuids = _mig_uuids(device, where) if with_uuids else {}
     found: list[LiveGpuInstance] = []
     for profile_id in sorted(profile_ids):
@@ -149,8 +159,10 @@ def _compute_instances(gpu_instance: Any, where: str) -> list[tuple[int, int]]:
             pynvml.nvmlGpuInstanceGetComputeInstances(
                 gpu_instance, enum, array, ctypes.byref(count)
             )
-        except pynvml.NVMLError:
-            continue
+        except pynvml.NVMLError as exc:
+            if exc.value in _NOT_OFFERED:
+                continue
+            raise call_failed(pynvml.nvmlGpuInstanceGetComputeInstances, exc, where) from exc
         for i in range(count.value):
             info = _call(
                 "ComputeInstanceGetInfo", pynvml.nvmlComputeInstanceGetInfo, where, array[i]
