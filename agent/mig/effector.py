@@ -108,9 +108,10 @@ class _ModeOff(Exception):
 
 
 class _HalfMade(Exception):
-    """The GPU instance was made, its compute instance was not."""
+    """The GPU instance was made (``gi_id``; None: it may have been, its id is unknown), its
+    compute instance was not."""
 
-    def __init__(self, gi_id: int, cause: BaseException) -> None:
+    def __init__(self, gi_id: int | None, cause: BaseException) -> None:
         super().__init__(str(cause))
         self.gi_id = gi_id
         self.cause = cause
@@ -125,7 +126,7 @@ class _Made:
     """An instance this attempt created (to destroy again if the attempt fails)."""
 
     intent: cp.Intent
-    gi_id: int
+    gi_id: int | None  # None: found by placement when destroyed
     ci_id: int | None = None
 
 
@@ -372,8 +373,9 @@ class MigEffector:
                 ) from None
             except _HalfMade as half:
                 created.append(_Made(intent, half.gi_id))
-                self._owners[(gpu.uuid, half.gi_id)] = uid
-                span.set_attribute("mig.gpu_instance.id", half.gi_id)
+                if half.gi_id is not None:
+                    self._owners[(gpu.uuid, half.gi_id)] = uid
+                    span.set_attribute("mig.gpu_instance.id", half.gi_id)
                 raise EffectFailed(f"claim {uid}: device {node.name}: {half.cause}") from half
             if mode_on:
                 span.set_attribute("mig.mode", "on")
@@ -418,7 +420,14 @@ class MigEffector:
             if not may_switch_mode:
                 raise _ModeOff()
             mig_ops.set_mig_mode(parent, True)
-        gi_id = mig_ops.create_gpu_instance(parent, profile_id, start, size)
+        try:
+            gi_id = mig_ops.create_gpu_instance(parent, profile_id, start, size)
+        except Exception as error:
+            # NVML may have made the instance and failed reading its id back (GetInfo): then
+            # only its placement knows it, and nothing must be left there unowned (the retry
+            # found "occupied, not made by this agent" for ever). Destroying by placement
+            # finds nothing when the creation itself failed.
+            raise _HalfMade(None, error) from error
         crash_point("after-gpu-instance")
         try:
             ci_id, mig_uuid = mig_ops.create_compute_instance(parent, gi_id, compute_profile)
