@@ -18,6 +18,7 @@ Any other exception, a hang or a message that does not say which call failed is 
 function and code, in one assertion at the end of each operation's test.
 """
 
+# ruff: noqa: F811 (the MIG engine tests' fixtures are imported, then requested)
 from __future__ import annotations
 
 import re
@@ -36,6 +37,15 @@ from agent.hardware.events import EventPump, WatchedGpu
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
+from tests.fuzz import EXAMPLES
+from tests.unit.mig.test_effector import (  # noqa: F401 (fixtures)
+    G0_3G_4,
+    MigNode,
+    mig,
+    prepare,
+    profile,
+)
+from tests.unit.node.engine_support import api_client, apiserver, kubeconfig  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 
@@ -45,6 +55,10 @@ CODES = sorted(
 )
 #: Codes by which NVML says an instance does not exist (or MIG is off).
 ABSENT = {pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED}
+#: Codes a step may absorb by design: IN_USE (a destroy is retried while a process exits),
+#: INVALID_ARGUMENT (with NOT_SUPPORTED and NOT_FOUND: "this GPU offers no such profile"
+#: while the layout's profiles are listed).
+SOFT = {pynvml.NVML_ERROR_IN_USE, pynvml.NVML_ERROR_INVALID_ARGUMENT}
 #: One case (an operation with one injected failure) must end within this.
 CASE_LIMIT_S = 5.0
 #: Functions recorded but not injected: session setup and teardown around the MIG and
@@ -346,3 +360,72 @@ async def test_compute_mode(start: Callable[[str], SimulatedHost]) -> None:
 
     await matrix.run(functions, case, reset)
     matrix.check(3, functions)
+
+
+# -- prepare of a dynamic MIG device, through the engine --------------------------------------
+
+#: The codes the prepare-level matrix uses in CI: one per way the agent's code treats an NVML
+#: error (absent, unsupported, busy, out of resources, lost, no permission, slow, unknown);
+#: GPU_DRA_FUZZ_EXAMPLES makes it every code.
+PREPARE_CODES = (
+    CODES
+    if EXAMPLES
+    else [
+        pynvml.NVML_ERROR_NOT_FOUND,
+        pynvml.NVML_ERROR_NOT_SUPPORTED,
+        pynvml.NVML_ERROR_IN_USE,
+        pynvml.NVML_ERROR_INSUFFICIENT_RESOURCES,
+        pynvml.NVML_ERROR_GPU_IS_LOST,
+        pynvml.NVML_ERROR_NO_PERMISSION,
+        pynvml.NVML_ERROR_TIMEOUT,
+        pynvml.NVML_ERROR_UNKNOWN,
+    ]
+)
+
+
+async def test_prepare_of_a_dynamic_mig_device(mig: MigNode) -> None:
+    """The engine prepares and unprepares a claim for a 3g placement that the MIG effector
+    makes; each NVML function that costs x PREPARE_CODES: the prepare (or the unprepare)
+    answers a per-claim error naming the NVML call, never raises, and the kubelet's retry
+    then prepares and unprepares cleanly, leaving no instance and no checkpoint entry."""
+    engine = await mig.engine()
+    host = mig.library
+    try:
+        ref = await mig.node.claim("nvml-matrix", [G0_3G_4])
+        with host.lock:
+            before = dict(host.calls)
+        assert await prepare(engine, ref) is None
+        assert await engine.unprepare([ref]) == {ref.uid: None}
+        with host.lock:
+            functions = sorted(f for f, n in host.calls.items() if n > before.get(f, 0))
+        problems: list[str] = []
+        for function in functions:
+            for code in PREPARE_CODES:
+                with host.lock:
+                    host._failures.clear()
+                host.fail_next(function, code)
+                try:
+                    with anyio.fail_after(CASE_LIMIT_S):
+                        error = await prepare(engine, ref)
+                        if error is None:
+                            error = (await engine.unprepare([ref]))[ref.uid]
+                except Exception as raised:
+                    problems.append(f"{function} -> {code}: raised {raised!r}")
+                    continue
+                with host.lock:
+                    consumed = not any(host._failures.values())
+                    host._failures.clear()
+                if error is not None and "NVML" not in error:
+                    problems.append(f"{function} -> {code}: imprecise: {error}")
+                if consumed and error is None and code not in ABSENT | SOFT:
+                    problems.append(f"{function} -> {code}: the failure went unnoticed")
+                retry = await prepare(engine, ref)
+                undone = (await engine.unprepare([ref]))[ref.uid]
+                if retry is not None or undone is not None:
+                    problems.append(f"{function} -> {code}: the retry failed: {retry or undone}")
+                elif mig.layout(0).instances or mig.node.checkpoint_claims():
+                    problems.append(f"{function} -> {code}: left {mig.layout(0)}")
+        assert len(functions) >= 8, functions
+        assert not problems, "\n".join(problems[:40])
+    finally:
+        await engine.close()
