@@ -19,6 +19,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.bench_prepare_tracing",
     "benchmarks.bench_health",
     "benchmarks.bench_mig",
+    "benchmarks.bench_agent",
 )
 
 

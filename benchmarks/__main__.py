@@ -1,4 +1,5 @@
-"""Run every registered benchmark and print one table (``python -m benchmarks --help``)."""
+"""Run every registered benchmark, print every measurement and then the one P1-P8 table
+against the committed baseline (``python -m benchmarks --help``; docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import argparse
 import importlib
 import sys
 import time
+from pathlib import Path
 
 from benchmarks import MODULES, Result, table
+from benchmarks.summary import BASELINE, compare, load_baseline, render, summarize, write_baseline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +18,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30, help="runs per measurement (30)")
     parser.add_argument(
         "--only", default="", help="run only the modules whose name contains this text"
+    )
+    parser.add_argument(
+        "--baseline", type=Path, default=BASELINE, help="baseline to compare with (%(default)s)"
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="exit 1 when a row is flagged (ratio or bound)"
+    )
+    parser.add_argument(
+        "--write-baseline",
+        metavar="NOTE",
+        default=None,
+        help="write this run's table as the baseline, with NOTE (machine, load) in it",
     )
     args = parser.parse_args(argv)
     results: list[Result] = []
@@ -26,10 +41,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {name} ({args.repeat} runs per measurement) ...", file=sys.stderr)
         results.extend(module.run(args.repeat))
     print(table(results))
+    rows = summarize(results)
+    baseline = load_baseline(args.baseline)
+    print(f"\nThe table (ratios against {args.baseline.name if baseline else 'no baseline'}):")
+    print(render(rows, baseline))
+    flags = compare(rows, baseline)
+    for flag in flags:
+        print(f"FLAGGED: {flag}")
+    if not flags:
+        print("nothing flagged")
+    if args.write_baseline is not None:
+        write_baseline(args.baseline, rows, args.write_baseline)
+        print(f"baseline written to {args.baseline}", file=sys.stderr)
     print(
         f"\n{len(results)} measurements in {time.perf_counter() - started:.1f} s", file=sys.stderr
     )
-    return 0
+    return 1 if flags and args.check else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,90 @@
+"""P6 and P7: the whole agent process (``python -m benchmarks --only agent``).
+
+* ``agent start -> registered (dgx-h100)``: from starting ``gpu-dra-agent run --simulate
+  dgx-h100`` to the kubelet emulator's registration of it (the emulator watches the registry
+  directory every 50 ms, as the kubelet's plugin watcher does with inotify, so up to 50 ms of
+  each sample is the watcher's). The embedded API server and the emulator run in this process,
+  the agent's directories are reused between starts (a restart, checkpoint present);
+* ``python start (floor of P6)``: the same interpreter started with ``-c pass``, the part of a
+  start that no agent code can remove;
+* ``soak: agent RSS max`` and ``soak: RSS drift 10 % -> 100 %``: a short soak
+  (:mod:`benchmarks.soak`, ``10 x repeat`` cycles, at least 200) with its faults; the run
+  fails if the soak had any error. ``make soak`` is the long run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.kubelet import EventKind, KubeletEmulator
+from benchmarks import Result
+from benchmarks.soak import soak
+
+DRIVER, NODE = "gpu.nvidia.com", "bench-node"
+
+
+def run(repeat: int) -> list[Result]:
+    logging.getLogger("agent").setLevel(logging.WARNING)
+    starts = max(3, repeat // 5)
+    with tempfile.TemporaryDirectory(prefix="ba-", dir="/tmp") as folder:
+        rows = anyio.run(_starts, Path(folder), starts)
+    with tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as folder:
+        cycles = max(200, 10 * repeat)
+        report = anyio.run(soak, Path(folder), cycles)
+    if report.errors:
+        raise RuntimeError(f"the short soak had errors: {report.errors[:5]}")
+    return [
+        *rows,
+        Result(f"soak: agent RSS max ({cycles} cycles)", (report.rss_max,), "MB"),
+        Result("soak: RSS drift 10 % -> 100 %", (report.drift_mb,), "MB"),
+    ]
+
+
+async def _starts(base: Path, starts: int) -> list[Result]:
+    floor: list[float] = []
+    for _ in range(starts + 1):
+        began = time.perf_counter()
+        await anyio.run_process([sys.executable, "-c", "pass"])
+        floor.append((time.perf_counter() - began) * 1000)
+    samples: list[float] = []
+    async with EmbeddedApiServer() as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        kubeconfig = server.write_kubeconfig(base / "kubeconfig")
+        async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
+            command = [
+                sys.executable, "-m", "agent", "run", "--simulate", "dgx-h100",
+                "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+                "--registrar-dir", str(base / "registry"), "--plugins-dir", str(base / "plugins"),
+                "--cdi-root", str(base / "cdi"), "--log-level", "warning",
+            ]  # fmt: skip
+            environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+            for index in range(starts + 1):  # the first start (cold caches) is not counted
+                seen = len(kl.events(EventKind.REGISTERED, DRIVER))
+                with (base / f"agent-{index}.log").open("wb") as log_file:
+                    began = time.perf_counter()
+                    agent = await anyio.open_process(
+                        command, stdout=log_file, stderr=log_file, env=environ
+                    )
+                try:
+                    await kl.wait_event(EventKind.REGISTERED, DRIVER, count=seen + 1, timeout=60)
+                    if index:
+                        samples.append((time.perf_counter() - began) * 1000)
+                    # let the registration finish (NotifyRegistrationStatus) before SIGTERM
+                    await anyio.sleep(0.5)
+                finally:
+                    agent.terminate()
+                    with anyio.fail_after(20):
+                        await agent.wait()
+                await kl.wait_deregistered(DRIVER, timeout=20)
+    return [
+        Result("agent start -> registered (dgx-h100)", tuple(samples)),
+        Result("python start (floor of P6)", tuple(floor[1:])),
+    ]

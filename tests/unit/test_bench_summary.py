@@ -1,0 +1,43 @@
+"""The benchmark table: rows from the runner's measurements, flags against a baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import Result
+from benchmarks.summary import compare, load_baseline, render, summarize, write_baseline
+
+
+def _results(prepare_ms: float, drift_mb: float = 1.0) -> list[Result]:
+    return [
+        Result("grpc empty prepare", (1.0, 1.0, 1.0)),
+        Result("http GET claim", (0.5, 0.5)),
+        Result("durable write 4 KiB", (0.25, 0.25)),
+        Result("grpc prepare 1 GPU, CDI on tmpfs", (prepare_ms,)),
+        Result("soak: RSS drift 10 % -> 100 %", (drift_mb,), "MB"),
+    ]
+
+
+def test_p1_is_the_prepare_over_the_physical_floor_of_the_same_run() -> None:
+    rows = summarize(_results(3.0))
+    p1 = next(r for r in rows if r.key == "P1")
+    assert p1.floor == 2.0  # rpc 1.0 + GET 0.5 + 2 x write 0.25
+    assert p1.ratio == 1.5
+    assert p1.within_bound is True
+    assert {r.key for r in rows} == {"P1", "P7"}  # only rows that were measured
+
+
+def test_a_ratio_more_than_25_percent_worse_than_the_baseline_is_flagged(tmp_path: Path) -> None:
+    path = tmp_path / "baseline.json"
+    write_baseline(path, summarize(_results(2.0)), "test")
+    baseline = load_baseline(path)
+    assert compare(summarize(_results(2.4)), baseline) == []  # 20 % worse: not flagged
+    flags = compare(summarize(_results(2.6)), baseline)  # 30 % worse, within the 1.5 bound
+    assert len(flags) == 1 and "P1" in flags[0] and "30 % worse" in flags[0]
+    assert "1.00" in render(summarize(_results(2.6)), baseline)  # the baseline's ratio shown
+
+
+def test_a_row_without_a_floor_is_held_against_its_bound() -> None:
+    assert compare(summarize(_results(2.0, drift_mb=-4.0)), None) == []
+    flags = compare(summarize(_results(2.0, drift_mb=-6.0)), None)
+    assert flags == ["P7 soak: RSS drift 10 % -> 100 %: over its bound 5"]
