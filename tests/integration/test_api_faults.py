@@ -1,0 +1,463 @@
+"""API fault matrix: every API call the node agent makes x the faults a real cluster produces.
+
+The real ``gpu-dra-agent run`` process (one per module, dgx-h100 simulated) talks to the
+embedded API server, whose fault injector makes one kind of call fail in one way at a time:
+
+- faults: 409 Conflict, 410 Gone (watches), 429 with ``Retry-After: 1``, 500, 503, a slow
+  answer (longer than the client's timeout), a dropped connection (closed without an answer),
+  and watches that the server ends;
+- calls: ResourceSlice create (POST), replace (PUT), delete (DELETE), list and watch; Node
+  list and watch (the slices' owner); the startup reads (``/version``, the Node GET, the first
+  slice and Node lists); the ResourceClaim GET of prepare; Event POST.
+
+Each row arms its fault, makes the agent need the call (a wipe of the slices, an edited or an
+extra slice, a Node deleted and registered again, a prepare, an XID, a restart), checks that
+the fault was really met, and then that within 5 s after the faults stop the node converges:
+its slices equal a clean start's (same devices and attributes, owned by the current Node),
+one generation, no slice lost or duplicated; a claim whose GET failed got its own error
+while the other claim of the request was prepared, and the kubelet's retry succeeds; each
+Event is written exactly once. The table is in docs/RELIABILITY.md ("API faults").
+
+Not here: ComputeDomains and the controller's Lease (a separate GB200 cluster, see
+tests/integration/test_compute_domain.py), and slow answers on slice PUT/DELETE/LIST/WATCH
+and on the startup reads (each would cost a 10 s client timeout; the slow slice POST, claim
+GET and Event POST rows run together in one test).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import pytest
+
+from agent.sim.allocation import whole_pool
+from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.apiserver.faults import FaultRule, PathPattern
+from agent.sim.control import control_socket_path
+from agent.sim.control.client import send_request
+from agent.sim.kubelet import ClaimRef
+from tests.integration.conftest import DRIVER, NAMESPACE, NODE, AgentHarness, gpu_request
+
+pytestmark = pytest.mark.anyio
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+SLICE = "/apis/resource.k8s.io/v1/resourceslices/*"
+NODES = "/api/v1/nodes"
+NODE_GET = f"/api/v1/nodes/{NODE}"
+VERSION = "/version*"  # kubernetes-asyncio asks for /version/
+EVENTS = "/api/v1/namespaces/default/events"
+SELECTOR = f"spec.nodeName={NODE},spec.driver={DRIVER}"
+#: The promise: converged this long after the last fault.
+CONVERGE_S = 5.0
+#: Longer than the agent's API timeouts: 10 s for slices (exact), 10 s for claims and 5 s for
+#: Events as aiohttp timeouts, which round a deadline of 5 s or more up to a whole second.
+SLOW_S = {"slices": 10.5, "claims": 11.5, "events": 6.5}
+QUARANTINE_S = 1
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault kind: how it is armed on (method, path) for watches or other requests."""
+
+    name: str
+    status: int = 0  # 0: not a status answer (drop)
+    count: int = 2
+
+    def arm(
+        self, server: EmbeddedApiServer, method: str, path: PathPattern, *, watch: bool | None
+    ) -> FaultRule:
+        if self.name == "drop":
+            return server.faults.drop_next(method, path, count=self.count, watch=watch)
+        return server.faults.fail_next(method, path, self.status, count=self.count, watch=watch)
+
+
+CONFLICT = Fault("409", 409)
+GONE = Fault("410", 410, count=1)
+THROTTLED = Fault("429", 429, count=1)  # Retry-After: 1 (the injector's default for 429)
+ERROR = Fault("500", 500)
+UNAVAILABLE = Fault("503", 503)
+DROPPED = Fault("drop")
+WRITE_FAULTS = [CONFLICT, THROTTLED, ERROR, UNAVAILABLE, DROPPED]
+READ_FAULTS = [THROTTLED, ERROR, UNAVAILABLE, DROPPED]
+WATCH_FAULTS = [GONE, THROTTLED, ERROR, UNAVAILABLE, DROPPED]
+
+
+def _ids(fault: Fault) -> str:
+    return fault.name
+
+
+# -- the node's published state -------------------------------------------------------------
+
+
+def published(server: EmbeddedApiServer) -> list[dict[str, Any]]:
+    return server.list_objects("resourceslices", field_selector=SELECTOR)
+
+
+def node_uid(server: EmbeddedApiServer) -> str | None:
+    node = server.get_object("nodes", NODE)
+    return None if node is None else str(node["metadata"]["uid"])
+
+
+def comparable(server: EmbeddedApiServer, found: list[dict[str, Any]]) -> list[str]:
+    """The slices as a sorted list of documents that a clean start's must equal: the spec
+    without the pool generation (every rewrite of the pool raises it) and the owners, the
+    current Node's uid written as NODE-UID (a Node registered again has a new one)."""
+    uid = node_uid(server)
+    out = []
+    for item in found:
+        spec = copy.deepcopy(item["spec"])
+        spec["pool"].pop("generation", None)
+        owners = [
+            {**o, "uid": "NODE-UID" if o.get("uid") == uid else o.get("uid")}
+            for o in item["metadata"].get("ownerReferences", [])
+        ]
+        out.append(json.dumps({"spec": spec, "owners": owners}, sort_keys=True))
+    return sorted(out)
+
+
+def difference(server: EmbeddedApiServer, baseline: list[str]) -> str | None:
+    """None when the node's slices are whole, of one generation and equal to ``baseline``."""
+    found = published(server)
+    generations = sorted({s["spec"]["pool"]["generation"] for s in found})
+    if not whole_pool(found) or len(generations) != 1:
+        return f"{len(found)} slices of generations {generations}: not one whole pool"
+    got = comparable(server, found)
+    if got != baseline:
+        extra = len([g for g in got if g not in baseline])
+        return f"{len(got)} slices, {extra} differ from a clean start's {len(baseline)}"
+    return None
+
+
+async def converged(
+    harness: AgentHarness, baseline: list[str], since: float, *, settle: float = 0.3
+) -> None:
+    """Fail unless the slices equal ``baseline`` by ``since + CONVERGE_S`` and stay so for
+    ``settle`` seconds more (a late duplicate or a lost slice would show then)."""
+    server = harness.server
+    while (why := difference(server, baseline)) is not None:
+        if time.monotonic() > since + CONVERGE_S:
+            agent_log = harness.agent.log()[-3000:] if harness.agent is not None else ""
+            raise AssertionError(
+                f"not converged {CONVERGE_S} s after the faults: {why}\n{agent_log}"
+            )
+        await anyio.sleep(0.05)
+    await anyio.sleep(settle)
+    assert difference(server, baseline) is None, difference(server, baseline)
+
+
+async def spent(*rules: FaultRule, timeout: float = 15.0) -> float:  # noqa: ASYNC109
+    """Wait until every rule has been met as often as it was armed for; returns the time."""
+    deadline = time.monotonic() + timeout
+    while unmet := [r for r in rules if r.remaining]:
+        assert time.monotonic() < deadline, f"faults never met: {unmet}"
+        await anyio.sleep(0.02)
+    return time.monotonic()
+
+
+def wipe(server: EmbeddedApiServer) -> None:
+    """What the kubelet does at its start: delete the node's slices."""
+    for item in published(server):
+        server.delete_object("resourceslices", item["metadata"]["name"])
+
+
+# -- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def agent(fresh_harness: AgentHarness) -> AsyncIterator[AgentHarness]:
+    """The agent with a short health quarantine (the Event rows taint a GPU and recover it)."""
+    config = fresh_harness.workdir / "agent.yaml"
+    config.write_text(f"health-quarantine-seconds: {QUARANTINE_S}\n")
+    await fresh_harness.start_agent(args=["--config", str(config)])
+    yield fresh_harness
+    process = fresh_harness.agent
+    assert process is not None
+    if process.returncode is None:
+        assert await fresh_harness.stop_agent() == 0, process.log()
+
+
+@pytest.fixture(scope="module")
+async def baseline(agent: AgentHarness) -> list[str]:
+    """A clean start's slices (before any fault)."""
+    found = await agent.wait_slices()
+    return comparable(agent.server, found)
+
+
+@pytest.fixture(autouse=True)
+async def _no_fault_left(agent: AgentHarness, baseline: list[str]) -> AsyncIterator[None]:
+    """Every row starts converged and leaves no armed fault behind."""
+    await converged(agent, baseline, time.monotonic(), settle=0)
+    yield
+    agent.server.faults.clear()
+    process = agent.agent
+    assert process is not None and process.returncode is None, process and process.log()
+
+
+# -- ResourceSlice writes ---------------------------------------------------------------------
+
+
+def _trigger_create(server: EmbeddedApiServer) -> None:
+    wipe(server)
+
+
+def _trigger_replace(server: EmbeddedApiServer) -> None:
+    """Someone edits a slice: the agent puts its own content back."""
+    first = copy.deepcopy(published(server)[0])
+    attributes = first["spec"]["devices"][0]["attributes"]
+    attributes[next(iter(attributes))] = {"string": "edited by hand"}
+    server.put_object(first)
+
+
+def _trigger_delete(server: EmbeddedApiServer) -> None:
+    """A slice of this node's pool the agent did not write (a leftover): it must go."""
+    extra = copy.deepcopy(published(server)[0])
+    extra["metadata"] = {"name": f"{NODE}-leftover", "ownerReferences": []}
+    server.put_object(extra)
+
+
+WRITES: dict[str, tuple[str, PathPattern, Callable[[EmbeddedApiServer], None]]] = {
+    "slice create": ("POST", SLICES, _trigger_create),
+    "slice replace": ("PUT", SLICE, _trigger_replace),
+    "slice delete": ("DELETE", SLICE, _trigger_delete),
+}
+
+
+@pytest.mark.parametrize("fault", WRITE_FAULTS, ids=_ids)
+@pytest.mark.parametrize("call", list(WRITES))
+async def test_slice_write(
+    agent: AgentHarness, baseline: list[str], call: str, fault: Fault
+) -> None:
+    method, path, trigger = WRITES[call]
+    rule = fault.arm(agent.server, method, path, watch=False)
+    trigger(agent.server)
+    await converged(agent, baseline, await spent(rule))
+
+
+# -- ResourceSlice list and watch -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", READ_FAULTS, ids=_ids)
+async def test_slice_list(agent: AgentHarness, baseline: list[str], fault: Fault) -> None:
+    """A 410 on the watch forces a re-list, which meets the fault; the slices were wiped
+    meanwhile, so only a successful re-list shows what to write."""
+    server = agent.server
+    listed = fault.arm(server, "GET", SLICES, watch=False)
+    gone = GONE.arm(server, "GET", SLICES, watch=True)
+    server.end_watches(SLICES)
+    wipe(server)
+    await converged(agent, baseline, await spent(gone, listed))
+
+
+@pytest.mark.parametrize("fault", [*WATCH_FAULTS, Fault("end", count=3)], ids=_ids)
+async def test_slice_watch(agent: AgentHarness, baseline: list[str], fault: Fault) -> None:
+    """The watch is ended and its next request fails (or is ended again, ``end``); the
+    slices are wiped during the outage."""
+    server = agent.server
+    if fault.name == "end":
+        for _ in range(fault.count):
+            with anyio.fail_after(5):
+                await server.wait_for_watches(1, SLICES)
+            server.end_watches(SLICES)
+        wipe(server)
+        await converged(agent, baseline, time.monotonic())
+        return
+    rule = fault.arm(server, "GET", SLICES, watch=True)
+    server.end_watches(SLICES)
+    wipe(server)
+    await converged(agent, baseline, await spent(rule))
+
+
+# -- the Node: its list and watch (the slices' owner) ----------------------------------------
+
+
+async def _register_node_again(server: EmbeddedApiServer) -> str:
+    """``kubectl delete node`` and the node joining again: a new uid, the slices collected."""
+    old = node_uid(server)
+    server.delete_object("nodes", NODE)
+    server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+    new = node_uid(server)
+    assert new is not None and new != old
+    return new
+
+
+@pytest.mark.parametrize("fault", [*WATCH_FAULTS, Fault("end", count=3)], ids=_ids)
+async def test_node_watch(agent: AgentHarness, baseline: list[str], fault: Fault) -> None:
+    """The Node watch fails (410 makes the agent list the Node again); then the Node is
+    registered again with a new uid: the slices must be re-created, owned by it."""
+    server = agent.server
+    if fault.name == "end":
+        for _ in range(fault.count):
+            with anyio.fail_after(5):
+                await server.wait_for_watches(1, NODES)
+            server.end_watches(NODES)
+        since = time.monotonic()
+    else:
+        rule = fault.arm(server, "GET", NODES, watch=True)
+        server.end_watches(NODES)
+        since = await spent(rule)
+    with anyio.fail_after(5):
+        await server.wait_for_watches(1, NODES)
+    await _register_node_again(server)
+    await converged(agent, baseline, since)
+
+
+@pytest.mark.parametrize("fault", READ_FAULTS, ids=_ids)
+async def test_node_list(agent: AgentHarness, baseline: list[str], fault: Fault) -> None:
+    """410 on the Node watch makes the agent list the Node again; the list meets the fault
+    while the Node is registered again."""
+    server = agent.server
+    listed = fault.arm(server, "GET", NODES, watch=False)
+    gone = GONE.arm(server, "GET", NODES, watch=True)
+    server.end_watches(NODES)
+    await _register_node_again(server)
+    await converged(agent, baseline, await spent(gone, listed))
+
+
+# -- ResourceClaim GET (prepare) --------------------------------------------------------------
+
+
+def claim_path(name: str) -> re.Pattern[str]:
+    return re.compile(rf"^/apis/resource\.k8s\.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}$")
+
+
+async def _two_claims(agent: AgentHarness, tag: str) -> tuple[ClaimRef, ClaimRef]:
+    failing, _ = await agent.allocate(gpu_request(), name=f"faulty-{tag}")
+    healthy, _ = await agent.allocate(gpu_request(), name=f"healthy-{tag}")
+    return failing, healthy
+
+
+async def _claim_read_fails_then_retry_succeeds(
+    agent: AgentHarness, failing: ClaimRef, healthy: ClaimRef, rule: FaultRule, says: str
+) -> None:
+    answers = await agent.prepare(failing, healthy)
+    assert rule.remaining == 0, "the claim GET did not meet the fault"
+    error = answers[failing.uid].error
+    assert f"cannot read ResourceClaim {NAMESPACE}/{failing.name}" in error, answers
+    assert says in error, error
+    assert not answers[healthy.uid].error, answers  # the other claim of the request
+    assert failing.uid not in agent.checkpoint_claims()  # nothing half-done for the retry
+    retried = await agent.prepare(failing)  # the kubelet's retry, after the fault
+    assert not retried[failing.uid].error, retried
+    agent.assert_consistent()
+
+
+@pytest.mark.parametrize("fault", READ_FAULTS, ids=_ids)
+async def test_claim_get(agent: AgentHarness, fault: Fault) -> None:
+    failing, healthy = await _two_claims(agent, fault.name)
+    rule = fault.arm(agent.server, "GET", claim_path(failing.name), watch=False)
+    if fault.name != "drop":  # aiohttp resends a GET once when its kept-alive connection drops
+        rule.remaining = 1  # one prepare reads the claim once
+    says = "unreachable" if fault.name == "drop" else f"answered {fault.status}"
+    await _claim_read_fails_then_retry_succeeds(agent, failing, healthy, rule, says)
+
+
+# -- Events -----------------------------------------------------------------------------------
+
+
+async def _xid(agent: AgentHarness, gpu: int, op: str = "xid") -> None:
+    request = {"op": op, "gpu": str(gpu), **({"xid": 79} if op == "xid" else {})}
+    await send_request(control_socket_path(agent.plugin_dir), request)
+
+
+def gpu_events(server: EmbeddedApiServer, reason: str, gpu: int) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in server.list_objects("events", "default")
+        if e["reason"] == reason and e["message"].startswith(f"GPU {gpu}:")
+    ]
+
+
+async def _event_written_once(agent: AgentHarness, gpu: int, before: int, within: float) -> None:
+    with anyio.fail_after(within):
+        while len(gpu_events(agent.server, "GpuUnhealthy", gpu)) == before:  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    await anyio.sleep(0.3)
+    assert len(gpu_events(agent.server, "GpuUnhealthy", gpu)) == before + 1
+
+
+@pytest.mark.parametrize("fault", READ_FAULTS, ids=_ids)
+async def test_event_post(agent: AgentHarness, baseline: list[str], fault: Fault) -> None:
+    """An XID 79 on a GPU posts a GpuUnhealthy Event through the fault: written once, within
+    5 s after the fault; the GPU then recovers (its taint goes, the slices are as before)."""
+    gpu = 3
+    before = len(gpu_events(agent.server, "GpuUnhealthy", gpu))
+    rule = fault.arm(agent.server, "POST", EVENTS, watch=False)
+    await _xid(agent, gpu)
+    await _event_written_once(agent, gpu, before, CONVERGE_S + 3)
+    await spent(rule, timeout=1)
+    await _xid(agent, gpu, "recover")  # the XID's taint goes after the quarantine
+    await converged(agent, baseline, time.monotonic() + QUARANTINE_S)
+
+
+# -- slow answers: longer than the client's timeout -------------------------------------------
+
+
+async def test_slow_answers(agent: AgentHarness, baseline: list[str]) -> None:
+    """All at once, to pay the timeouts once: a slice create stored at once but answered after
+    the agent's 10 s timeout (the agent must not leave a duplicate), a claim GET answered after
+    it (that claim's own error, the retry succeeds) and an Event stored at once but answered
+    after the poster's 5 s (not posted twice)."""
+    server = agent.server
+    failing, healthy = await _two_claims(agent, "slow")
+    gpu = 5
+    before = len(gpu_events(server, "GpuUnhealthy", gpu))
+    slow_create = server.faults.add_latency("POST", SLICES, SLOW_S["slices"], count=1, after=True)
+    slow_claim = server.faults.add_latency(
+        "GET", claim_path(failing.name), SLOW_S["claims"], count=1
+    )
+    slow_event = server.faults.add_latency("POST", EVENTS, SLOW_S["events"], count=1, after=True)
+
+    async def slices() -> None:
+        wipe(server)
+        await spent(slow_create)
+        await anyio.sleep(SLOW_S["slices"])  # the fault stops when its answer has been sent
+
+    async def claims() -> None:
+        says = "no answer from the API server within 10 s"
+        await _claim_read_fails_then_retry_succeeds(agent, failing, healthy, slow_claim, says)
+
+    async def events() -> None:
+        await _xid(agent, gpu)
+        await _event_written_once(agent, gpu, before, SLOW_S["events"] + CONVERGE_S)
+        await anyio.sleep(SLOW_S["events"])
+        assert len(gpu_events(server, "GpuUnhealthy", gpu)) == before + 1  # not posted twice
+        assert len(server.requests.records("POST", EVENTS)) >= 1
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(slices)
+        group.start_soon(claims)
+        group.start_soon(events)
+    assert slow_event.remaining == 0
+    await _xid(agent, gpu, "recover")  # the XID's taint goes after the quarantine
+    await converged(agent, baseline, time.monotonic() + QUARANTINE_S)
+
+
+# -- startup reads: /version, the Node GET, the first lists -----------------------------------
+
+
+@pytest.mark.parametrize("fault", READ_FAULTS, ids=_ids)
+async def test_startup_reads(agent: AgentHarness, baseline: list[str], fault: Fault) -> None:
+    """The agent restarts while its startup reads fail: it registers with the kubelet all
+    the same and, within 5 s after the faults, its slices are a clean start's (the Node's
+    uid as their owner, though the Node GET failed)."""
+    server = agent.server
+    assert await agent.stop_agent() == 0
+    once = dataclasses.replace(fault, count=1)  # the version and Node GETs are not retried
+    rules = [
+        once.arm(server, "GET", VERSION, watch=None),
+        once.arm(server, "GET", NODE_GET, watch=None),
+        once.arm(server, "GET", SLICES, watch=False),
+        once.arm(server, "GET", NODES, watch=False),
+    ]
+    wipe(server)  # what the kubelet does when the plugin goes
+    config = agent.workdir / "agent.yaml"
+    await agent.start_agent(args=["--config", str(config)])
+    await converged(agent, baseline, await spent(*rules))
