@@ -41,3 +41,10 @@ def test_a_row_without_a_floor_is_held_against_its_bound() -> None:
     assert compare(summarize(_results(2.0, drift_mb=-4.0)), None) == []
     flags = compare(summarize(_results(2.0, drift_mb=-6.0)), None)
     assert flags == ["P7 soak: RSS drift 10 % -> 100 %: over its bound 5"]
+
+
+def test_the_imex_row_says_not_measured_until_its_benchmark_ran() -> None:
+    assert "not measured" in render(summarize(_results(2.0)), None)
+    rows = summarize([*_results(2.0), Result("IMEX attach: channel prepare (tray)", (300.0,))])
+    assert "not measured" not in render(rows, None)
+    assert next(r for r in rows if r.key == "IMEX").value == 300.0

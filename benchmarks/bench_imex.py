@@ -1,0 +1,121 @@
+"""IMEX attach: a ComputeDomain channel's prepare on a tray (``python -m benchmarks --only imex``).
+
+The real agent runs as ``gpu-dra-agent run --simulate gb200-nvl72-tray --compute-domains on``
+(health monitoring off), the embedded API server and the kubelet emulator in this process. One
+ComputeDomain (``numNodes: 0``) is stored and one channel claim holds the node's ``channel-0``
+with the domain's ComputeDomainChannelConfig (a hand-written allocation, as the integration
+tests make one where no controller runs). Rows:
+
+* ``IMEX attach: channel prepare``: NodePrepareResources of that claim, which writes the
+  domain's IMEX configuration, starts the simulated IMEX daemon (a process of its own) and waits
+  until it answers, then writes the CDI spec with the channel;
+* ``IMEX detach: channel unprepare``: the NodeUnprepareResources that follows each prepare.
+
+No floor: nothing cheaper does the same work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+
+from agent.imex.config import DRIVER as CD_DRIVER
+from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
+from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
+from benchmarks import Result
+
+NODE, NAMESPACE = "bench-tray", "default"
+
+
+def run(repeat: int) -> list[Result]:
+    logging.getLogger("agent").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="bi-", dir="/tmp") as folder:
+        return anyio.run(measure, Path(folder), max(5, repeat // 3))
+
+
+async def measure(base: Path, repeat: int) -> list[Result]:
+    async with EmbeddedApiServer() as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        kubeconfig = server.write_kubeconfig(base / "kubeconfig")
+        async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
+            command = [
+                sys.executable, "-m", "agent", "run", "--simulate", "gb200-nvl72-tray",
+                "--node-name", NODE, "--kubeconfig", str(kubeconfig),
+                "--registrar-dir", str(base / "registry"), "--plugins-dir", str(base / "plugins"),
+                "--cdi-root", str(base / "cdi"), "--sim-fabric-dir", str(base / "fabric"),
+                "--health-monitoring", "false", "--compute-domains", "on",
+                "--log-level", "warning",
+            ]  # fmt: skip
+            environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+            with (base / "agent.log").open("wb") as log_file:
+                agent = await anyio.open_process(
+                    command, stdout=log_file, stderr=log_file, env=environ
+                )
+            try:
+                await kl.wait_event(EventKind.REGISTERED, CD_DRIVER, timeout=60)
+                claim = await _channel_claim(server)
+                attach: list[float] = []
+                detach: list[float] = []
+                for index in range(repeat + 1):  # the first cycle is not counted
+                    began = time.perf_counter()
+                    answer = (await kl.prepare(CD_DRIVER, [claim]))[claim.uid]
+                    prepared = time.perf_counter()
+                    assert not answer.error, answer.error
+                    answer = (await kl.unprepare(CD_DRIVER, [claim]))[claim.uid]
+                    assert not answer.error, answer.error
+                    if index:
+                        attach.append((prepared - began) * 1000)
+                        detach.append((time.perf_counter() - prepared) * 1000)
+            finally:
+                agent.terminate()
+                with anyio.fail_after(20):
+                    await agent.wait()
+    return [
+        Result("IMEX attach: channel prepare (gb200-nvl72-tray)", tuple(attach)),
+        Result("IMEX detach: channel unprepare (gb200-nvl72-tray)", tuple(detach)),
+    ]
+
+
+async def _channel_claim(server: EmbeddedApiServer) -> ClaimRef:
+    domain = server.put_object(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomain",
+            "metadata": {"name": "bench", "namespace": NAMESPACE},
+            "spec": {
+                "numNodes": 0,
+                "channel": {
+                    "resourceClaimTemplate": {"name": "bench-channel"},
+                    "allocationMode": "Single",
+                },
+            },
+        }
+    )
+    config = OpaqueConfig(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainChannelConfig",
+            "domainID": domain["metadata"]["uid"],
+            "allocationMode": "Single",
+        },
+        driver=CD_DRIVER,
+        requests=("channel",),
+    )
+    created = await create_allocated_claim(
+        server.url,
+        "bench-channel-claim",
+        [AllocatedDevice("channel", "channel-0", NODE, driver=CD_DRIVER)],
+        namespace=NAMESPACE,
+        configs=[config],
+        node_name=NODE,
+        device_class_name="compute-domain-default-channel.nvidia.com",
+    )
+    meta = created["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
