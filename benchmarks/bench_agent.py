@@ -8,7 +8,7 @@
 * ``python start (floor of P6)``: the same interpreter started with ``-c pass``, the part of a
   start that no agent code can remove;
 * ``soak: agent RSS max`` and ``soak: RSS drift 10 % -> 100 %``: a short soak
-  (:mod:`benchmarks.soak`, ``10 x repeat`` cycles, at least 200) with its faults; the run
+  (:mod:`benchmarks.soak` without channels, ``10 x repeat`` cycles, at least 200); the run
   fails if the soak had any error. ``make soak`` is the long run.
 """
 
@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -38,7 +39,7 @@ def run(repeat: int) -> list[Result]:
         rows = anyio.run(_starts, Path(folder), starts)
     with tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as folder:
         cycles = max(200, 10 * repeat)
-        report = anyio.run(soak, Path(folder), cycles)
+        report = anyio.run(partial(soak, Path(folder), cycles, channels=False))
     if report.errors:
         raise RuntimeError(f"the short soak had errors: {report.errors[:5]}")
     return [

@@ -60,7 +60,7 @@ async def measure(base: Path, repeat: int) -> list[Result]:
                 )
             try:
                 await kl.wait_event(EventKind.REGISTERED, CD_DRIVER, timeout=60)
-                claim = await _channel_claim(server)
+                claim = await channel_claim(server, NODE)
                 attach: list[float] = []
                 detach: list[float] = []
                 for index in range(repeat + 1):  # the first cycle is not counted
@@ -83,7 +83,8 @@ async def measure(base: Path, repeat: int) -> list[Result]:
     ]
 
 
-async def _channel_claim(server: EmbeddedApiServer) -> ClaimRef:
+async def channel_claim(server: EmbeddedApiServer, node: str) -> ClaimRef:
+    """A ComputeDomain and a claim holding ``node``'s channel-0 in it (no controller)."""
     domain = server.put_object(
         {
             "apiVersion": "resource.nvidia.com/v1beta1",
@@ -111,10 +112,10 @@ async def _channel_claim(server: EmbeddedApiServer) -> ClaimRef:
     created = await create_allocated_claim(
         server.url,
         "bench-channel-claim",
-        [AllocatedDevice("channel", "channel-0", NODE, driver=CD_DRIVER)],
+        [AllocatedDevice("channel", "channel-0", node, driver=CD_DRIVER)],
         namespace=NAMESPACE,
         configs=[config],
-        node_name=NODE,
+        node_name=node,
         device_class_name="compute-domain-default-channel.nvidia.com",
     )
     meta = created["metadata"]

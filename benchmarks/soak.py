@@ -29,17 +29,21 @@ of the soak.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+from anyio.abc import Process
 
+from agent.imex.config import DRIVER as CD_DRIVER
 from agent.sim.allocation import (
     ApiAccess,
     claim_from_request,
@@ -52,8 +56,10 @@ from agent.sim.control.client import send_request
 from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 from benchmarks import percentile
+from benchmarks.bench_imex import channel_claim
 
 DRIVER, NODE, NAMESPACE = "gpu.nvidia.com", "soak-node", "default"
+TRAY = "soak-tray"
 RSS_LIMIT_MB = 120.0
 DRIFT_LIMIT_MB = 5.0
 FD_DRIFT_LIMIT = 2
@@ -88,6 +94,8 @@ class Sample:
     cycle: int
     rss_mb: float
     fds: int
+    tray_rss_mb: float = 0.0  # the gb200-nvl72-tray agent (channels), 0 without it
+    tray_fds: int = 0
 
 
 @dataclass
@@ -110,6 +118,12 @@ class SoakReport:
     def rss_max(self) -> float:
         return max((s.rss_mb for s in self.samples), default=float("nan"))
 
+    channels: bool = False
+
+    @property
+    def tray_rss_max(self) -> float:
+        return max((s.tray_rss_mb for s in self.samples), default=float("nan"))
+
     @property
     def drift_mb(self) -> float:
         assert self.at_10 is not None and self.at_100 is not None
@@ -131,6 +145,15 @@ class SoakReport:
             found.append(f"RSS drift {self.drift_mb:+.1f} MB (limit < {DRIFT_LIMIT_MB:g} MB)")
         if self.fd_drift > FD_DRIFT_LIMIT:
             found.append(f"file descriptors {self.fd_drift:+d} (limit +{FD_DRIFT_LIMIT})")
+        if self.channels:
+            tray = self.at_100.tray_rss_mb - self.at_10.tray_rss_mb
+            if self.tray_rss_max > RSS_LIMIT_MB:
+                found.append(f"tray agent RSS {self.tray_rss_max:.1f} MB > {RSS_LIMIT_MB:g} MB")
+            if abs(tray) >= DRIFT_LIMIT_MB:
+                found.append(f"tray agent RSS drift {tray:+.1f} MB (limit < {DRIFT_LIMIT_MB:g})")
+            fds = self.at_100.tray_fds - self.at_10.tray_fds
+            if fds > FD_DRIFT_LIMIT:
+                found.append(f"tray agent file descriptors {fds:+d} (limit +{FD_DRIFT_LIMIT})")
         return found
 
     def table(self) -> str:
@@ -165,6 +188,17 @@ class SoakReport:
                 f"{'open fds at 10 % / 100 %':<44} "
                 f"{f'{self.at_10.fds} / {self.at_100.fds}':>12}  +{FD_DRIFT_LIMIT}",
             ]
+            if self.channels:
+                a, b = self.at_10, self.at_100
+                lines += [
+                    f"{'tray agent RSS max (MB)':<44} {self.tray_rss_max:>12.1f}  "
+                    f"<= {RSS_LIMIT_MB:g}",
+                    f"{'tray agent RSS at 10 % / 100 % (MB)':<44} "
+                    f"{f'{a.tray_rss_mb:.1f} / {b.tray_rss_mb:.1f}':>12}  "
+                    f"drift < {DRIFT_LIMIT_MB:g}",
+                    f"{'tray agent open fds at 10 % / 100 %':<44} "
+                    f"{f'{a.tray_fds} / {b.tray_fds}':>12}  +{FD_DRIFT_LIMIT}",
+                ]
         return "\n".join(lines)
 
 
@@ -184,46 +218,76 @@ async def soak(
     xid_interval: float = 0.5,
     wipe_interval: float = 3.0,
     progress: bool = False,
+    channels: bool = True,
 ) -> SoakReport:
     """Run the soak under ``base``; returns the report (nothing raised for a violated bound)."""
-    report = SoakReport(cycles)
-    async with EmbeddedApiServer() as server:
+    report = SoakReport(cycles, channels=channels)
+    async with EmbeddedApiServer() as server, contextlib.AsyncExitStack() as stack:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         for device_class in default_device_classes():
             server.put_object(device_class)
         kubeconfig = server.write_kubeconfig(base / "kubeconfig")
-        async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
-            command = [
-                sys.executable, "-m", "agent", "run", "--simulate", "dgx-h100",
-                "--dynamic-mig", "true", "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-                "--registrar-dir", str(base / "registry"), "--plugins-dir", str(base / "plugins"),
-                "--cdi-root", str(base / "cdi"), "--log-level", "warning",
-            ]  # fmt: skip
-            environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
-            log_path = base / "agent.log"
-            with log_path.open("wb") as log_file:
-                agent = await anyio.open_process(
-                    command, stdout=log_file, stderr=log_file, env=environ
+        kl = await stack.enter_async_context(
+            KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05)
+        )
+        command = [
+            "--simulate", "dgx-h100", "--dynamic-mig", "true", "--node-name", NODE,
+            "--kubeconfig", str(kubeconfig), "--registrar-dir", str(base / "registry"),
+            "--plugins-dir", str(base / "plugins"), "--cdi-root", str(base / "cdi"),
+        ]  # fmt: skip
+        logs = [base / "agent.log"]
+        tray: tuple[KubeletEmulator, ClaimRef, int] | None = None
+        try:
+            agent = await stack.enter_async_context(_agent(command, logs[0], report))
+            if channels:
+                tray_kl = await stack.enter_async_context(
+                    KubeletEmulator(base / "tray-registry", node_name=TRAY, poll_interval=0.05)
                 )
-            try:
-                await kl.wait_event(EventKind.REGISTERED, DRIVER, timeout=60)
-                await _whole_pool(server, 30)
-                refs = await _allocate(server, report)
-                await _run(
-                    server, kl, agent.pid, base, refs, report, xid_interval, wipe_interval, progress
-                )
-            except Exception as err:
-                report.errors.append(f"{type(err).__name__}: {err}")
-            finally:
-                if agent.returncode is not None:
-                    report.errors.append(f"the agent exited with status {agent.returncode}")
-                agent.terminate()
-                with anyio.fail_after(20):
-                    await agent.wait()
-            log = log_path.read_text(errors="replace")
-            bad = [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line]
-            report.errors += [f"agent log: {line[:200]}" for line in bad[:20]]
+                server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": TRAY}})
+                tray_dir = base / "tray"
+                logs.append(base / "tray-agent.log")
+                tray_command = [
+                    "--simulate", "gb200-nvl72-tray", "--node-name", TRAY,
+                    "--kubeconfig", str(kubeconfig), "--registrar-dir", str(base / "tray-registry"),
+                    "--plugins-dir", str(tray_dir / "plugins"), "--cdi-root", str(tray_dir / "cdi"),
+                    "--sim-fabric-dir", str(tray_dir / "fabric"), "--health-monitoring", "false",
+                    "--compute-domains", "on",
+                ]  # fmt: skip
+                tray_agent = await stack.enter_async_context(_agent(tray_command, logs[1], report))
+                await tray_kl.wait_event(EventKind.REGISTERED, CD_DRIVER, timeout=60)
+                tray = (tray_kl, await channel_claim(server, TRAY), tray_agent.pid)
+            await kl.wait_event(EventKind.REGISTERED, DRIVER, timeout=60)
+            await _whole_pool(server, 30)
+            refs = await _allocate(server, report)
+            await _run(
+                server, kl, agent.pid, base, refs, report, xid_interval, wipe_interval, progress,
+                tray,
+            )  # fmt: skip
+        except Exception as err:
+            report.errors.append(f"{type(err).__name__}: {err}")
+    for path in logs:
+        log = path.read_text(errors="replace")
+        bad = [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line]
+        report.errors += [f"{path.name}: {line[:200]}" for line in bad[:20]]
     return report
+
+
+@contextlib.asynccontextmanager
+async def _agent(args: list[str], log_path: Path, report: SoakReport) -> AsyncIterator[Process]:
+    """``gpu-dra-agent run *args`` as a process, its output in ``log_path``; terminated at
+    the end (an exit before that is a soak error)."""
+    command = [sys.executable, "-m", "agent", "run", *args, "--log-level", "warning"]
+    environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+    with log_path.open("wb") as log_file:
+        agent = await anyio.open_process(command, stdout=log_file, stderr=log_file, env=environ)
+    try:
+        yield agent
+    finally:
+        if agent.returncode is not None:
+            report.errors.append(f"{log_path.name}: the agent exited ({agent.returncode})")
+        agent.terminate()
+        with anyio.fail_after(20):
+            await agent.wait()
 
 
 async def _whole_pool(server: EmbeddedApiServer, timeout: float) -> float:  # noqa: ASYNC109
@@ -262,6 +326,7 @@ async def _run(
     xid_interval: float,
     wipe_interval: float,
     progress: bool,
+    tray: tuple[KubeletEmulator, ClaimRef, int] | None,
 ) -> None:
     control = control_socket_path(base / "plugins" / DRIVER)
     step = max(1, report.cycles // 100)
@@ -293,9 +358,28 @@ async def _run(
             report.wipes += 1
             report.repair_ms.append((back - wiped) * 1000)
 
+    async def channels(tray_kubelet: KubeletEmulator, claim: ClaimRef) -> None:
+        """The channel claim prepared and unprepared on the tray, over and over."""
+        cycle = 0
+        while True:
+            cycle += 1
+            began = time.perf_counter()
+            try:
+                error = (await tray_kubelet.prepare(CD_DRIVER, [claim]))[claim.uid].error
+                if error:
+                    report.errors.append(f"channel cycle {cycle}: prepare: {error}")
+                error = (await tray_kubelet.unprepare(CD_DRIVER, [claim]))[claim.uid].error
+                if error:
+                    report.errors.append(f"channel cycle {cycle}: unprepare: {error}")
+            except Exception as err:
+                report.errors.append(f"channel cycle {cycle}: {type(err).__name__}: {err}")
+            report.cycle_ms.setdefault("channel", []).append((time.perf_counter() - began) * 1000)
+
     async with anyio.create_task_group() as group:
         group.start_soon(xids)
         group.start_soon(wipes)
+        if tray is not None:
+            group.start_soon(channels, tray[0], tray[1])
         for cycle in range(1, report.cycles + 1):
             kind, ref = refs[cycle % len(refs)]
             began = time.perf_counter()
@@ -315,7 +399,8 @@ async def _run(
                 break
             if cycle % step == 0 or cycle == report.cycles:
                 rss, fds = read_process(pid)
-                sample = Sample(cycle, rss, fds)
+                tray_rss, tray_fds = read_process(tray[2]) if tray else (0.0, 0)
+                sample = Sample(cycle, rss, fds, tray_rss, tray_fds)
                 report.samples.append(sample)
                 if report.at_10 is None and cycle >= report.cycles // 10:
                     report.at_10 = sample
@@ -342,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=default, help="(SOAK_CYCLES, 10000)")
     parser.add_argument("--xid-interval", type=float, default=0.5, help="seconds (0.5)")
     parser.add_argument("--wipe-interval", type=float, default=3.0, help="seconds (3)")
+    parser.add_argument(
+        "--no-channels", action="store_true", help="without the tray agent's channel cycles"
+    )
     args = parser.parse_args(argv)
     if args.cycles < 10:
         parser.error("--cycles must be at least 10")
@@ -354,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                 xid_interval=args.xid_interval,
                 wipe_interval=args.wipe_interval,
                 progress=True,
+                channels=not args.no_channels,
             )
         )
     print(report.table())
