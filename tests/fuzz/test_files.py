@@ -12,7 +12,6 @@ The last test does it to the real agent process between restarts: it starts, rep
 it found, and keeps serving.
 """
 
-
 from __future__ import annotations
 
 import hashlib
@@ -441,6 +440,7 @@ async def test_the_agent_restarts_over_planted_files(
     planted: dict[Path, Path] = {
         harness.plugin_dir / "gpu-dra-agent.lock": outside_dir / "lock-target",
         spec_path: outside_dir / "spec-target",
+        CdiSpecDirectory(harness.cdi_root, DRIVER).common_path(): outside_dir / "common-target",
         harness.cdi_spec_path("0badc0de-0000-4000-8000-000000000001"): outside_dir / "orphan",
         harness.plugin_dir / f".{FILE_NAME}.tmp-00000000000000aa": outside_dir / "tmp-target",
         harness.cdi_root / f".{spec_path.name}.tmp-00000000000000bb": outside_dir / "tmp2",
@@ -456,6 +456,8 @@ async def test_the_agent_restarts_over_planted_files(
     again = (await harness.prepare(first))[first.uid]
     assert again.error == "" and [d.device_name for d in again.devices] == [device]
     assert stat.S_ISREG(spec_path.lstat().st_mode), "the spec symlink was kept"
+    common = CdiSpecDirectory(harness.cdi_root, DRIVER).common_path()
+    assert stat.S_ISREG(common.lstat().st_mode), "the common spec symlink was kept"
     assert stat.S_ISREG((harness.plugin_dir / "gpu-dra-agent.lock").lstat().st_mode)
     assert not planted_orphan_exists(harness)
     second, _ = await harness.allocate(gpu_request(), name="planted-second")
