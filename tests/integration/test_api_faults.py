@@ -61,6 +61,7 @@ CONVERGE_S = 5.0
 #: Events as aiohttp timeouts, which round a deadline of 5 s or more up to a whole second.
 SLOW_S = {"slices": 10.5, "claims": 11.5, "events": 6.5}
 QUARANTINE_S = 1
+BOOKMARK_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,14 @@ async def spent(*rules: FaultRule, timeout: float = 15.0) -> float:  # noqa: ASY
     return time.monotonic()
 
 
+async def watch_settled(server: EmbeddedApiServer, path: str) -> None:
+    """The agent watches ``path`` again and has had a bookmark (which resets its backoff):
+    the previous row's incident is over for it as well."""
+    with anyio.fail_after(CONVERGE_S):
+        await server.wait_for_watches(1, path)
+    await anyio.sleep(BOOKMARK_S + 0.1)
+
+
 def wipe(server: EmbeddedApiServer) -> None:
     """What the kubelet does at its start: delete the node's slices."""
     for item in published(server):
@@ -176,6 +185,10 @@ async def agent(fresh_harness: AgentHarness) -> AsyncIterator[AgentHarness]:
     """The agent with a short health quarantine (the Event rows taint a GPU and recover it)."""
     config = fresh_harness.workdir / "agent.yaml"
     config.write_text(f"health-quarantine-seconds: {QUARANTINE_S}\n")
+    # Bookmarks as often as the rows follow each other: a watch that delivers anything (a
+    # bookmark included) resets the agent's watch backoff; a real API server sends one about
+    # every minute, so only incidents closer than that add up (here they are a second apart).
+    fresh_harness.server.bookmark_interval = BOOKMARK_S
     await fresh_harness.start_agent(args=["--config", str(config)])
     yield fresh_harness
     process = fresh_harness.agent
@@ -249,6 +262,7 @@ async def test_slice_list(agent: AgentHarness, baseline: list[str], fault: Fault
     """A 410 on the watch forces a re-list, which meets the fault; the slices were wiped
     meanwhile, so only a successful re-list shows what to write."""
     server = agent.server
+    await watch_settled(server, SLICES)
     listed = fault.arm(server, "GET", SLICES, watch=False)
     gone = GONE.arm(server, "GET", SLICES, watch=True)
     server.end_watches(SLICES)
@@ -261,6 +275,7 @@ async def test_slice_watch(agent: AgentHarness, baseline: list[str], fault: Faul
     """The watch is ended and its next request fails (or is ended again, ``end``); the
     slices are wiped during the outage."""
     server = agent.server
+    await watch_settled(server, SLICES)
     if fault.name == "end":
         for _ in range(fault.count):
             with anyio.fail_after(5):
@@ -293,6 +308,7 @@ async def test_node_watch(agent: AgentHarness, baseline: list[str], fault: Fault
     """The Node watch fails (410 makes the agent list the Node again); then the Node is
     registered again with a new uid: the slices must be re-created, owned by it."""
     server = agent.server
+    await watch_settled(server, NODES)
     if fault.name == "end":
         for _ in range(fault.count):
             with anyio.fail_after(5):
@@ -314,6 +330,7 @@ async def test_node_list(agent: AgentHarness, baseline: list[str], fault: Fault)
     """410 on the Node watch makes the agent list the Node again; the list meets the fault
     while the Node is registered again."""
     server = agent.server
+    await watch_settled(server, NODES)
     listed = fault.arm(server, "GET", NODES, watch=False)
     gone = GONE.arm(server, "GET", NODES, watch=True)
     server.end_watches(NODES)
