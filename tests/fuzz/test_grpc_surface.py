@@ -36,12 +36,14 @@ from hypothesis import strategies as st
 from agent.health.stream import SERVICES as HEALTH_SERVICES
 from agent.kubelet import api
 from agent.kubelet.dra_service import MAX_CLAIMS_PER_REQUEST
+from agent.kubelet.registration import SERVICE as REGISTRATION_SERVICE
 from agent.kubelet.rpc import MAX_RECEIVE_MESSAGE_BYTES
 from agent.node.checkpoint import ClaimState
 from agent.sim.claims import PodReference
 from agent.sim.kubelet import ClaimRef
 from tests.fuzz import fuzz_settings
 from tests.integration.conftest import (  # noqa: F401 (fixtures)
+    DRIVER,
     NAMESPACE,
     AgentHarness,
     _claims_deleted_after_each_test,
@@ -71,6 +73,9 @@ SERVICES = {
 }
 METHODS = ("NodePrepareResources", "NodeUnprepareResources")
 PATHS = [f"/{service}/{method}" for service in SERVICES.values() for method in METHODS]
+REGISTRATION_PATHS = [
+    f"/{REGISTRATION_SERVICE}/{method}" for method in ("GetInfo", "NotifyRegistrationStatus")
+]
 HEALTH_PATHS = [f"/{service}/NodeWatchResources" for service in HEALTH_SERVICES]
 PRECISE = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 UID = "6ba7b814-9dad-11d1-80b4-00c04fd430c8"
@@ -374,11 +379,14 @@ async def test_false_frames(
     harness: AgentHarness, before: dict[str, Any], frame: bytes, status: grpc.StatusCode
 ) -> None:
     """Frames no gRPC library sends: each gets its precise status, on every path (the
-    health stream's included, which reads its request the same way)."""
-    for path in [*PATHS, *HEALTH_PATHS]:
-        code, message = await _raw_grpclib_call(harness.dra_socket, path, frame)
+    health stream's and the registration socket's included: they read requests the same way)."""
+    calls = [(harness.dra_socket, path) for path in [*PATHS, *HEALTH_PATHS]]
+    calls += [(harness.registration_socket, path) for path in REGISTRATION_PATHS]
+    for socket, path in calls:
+        code, message = await _raw_grpclib_call(socket, path, frame)
         assert code == status.value[0], (path, code, message)
         assert message and "Internal" not in message
+    assert harness.kubelet.registrations(DRIVER), "a false frame changed the registration"
 
 
 # -- what the barrage left --------------------------------------------------------------------
