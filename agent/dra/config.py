@@ -232,7 +232,7 @@ def parse_allocation(
         source, requests = entry.get("source"), entry.get("requests") or []
         opaque = entry["opaque"] if isinstance(entry.get("opaque"), Mapping) else {}
         config_driver, parameters = opaque.get("driver"), opaque.get("parameters")
-        if source not in _SOURCE_RANK:
+        if not isinstance(source, str) or source not in _SOURCE_RANK:
             problems.append(f"devices.config[{index}].source: must be FromClass or FromClaim")
         elif not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
             problems.append(f"devices.config[{index}].requests: must be a list of strings")

@@ -103,6 +103,12 @@ class ClaimPlan:
         return tuple(planned.device.name for planned in self.devices)
 
 
+def _object(value: Any) -> Mapping[str, Any]:
+    """``value`` if it is a JSON object, else an empty one: a claim whose metadata or status
+    is of another type (a bad write, a broken proxy) is then refused by what is missing."""
+    return value if isinstance(value, Mapping) else {}
+
+
 def plan_claim(
     ref: ClaimRef,
     claim: Mapping[str, Any],
@@ -119,15 +125,14 @@ def plan_claim(
     the claim and the problem.
     """
     subject = f"ResourceClaim {ref.namespace}/{ref.name}"
-    metadata = claim.get("metadata") or {}
+    metadata = _object(claim.get("metadata"))
     uid = metadata.get("uid")
     if uid != ref.uid:
         raise PrepareRefused(
             f"{subject} got replaced: the kubelet asked for uid {ref.uid}, the API server "
             f"has uid {uid}; the pod must be recreated to use the new claim"
         )
-    status = claim.get("status") or {}
-    allocation = status.get("allocation")
+    allocation = _object(claim.get("status")).get("allocation")
     if not isinstance(allocation, Mapping):
         raise PrepareRefused(f"{subject} ({ref.uid}) is not allocated")
     try:
