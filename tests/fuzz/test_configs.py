@@ -56,7 +56,10 @@ from agent.node.checkpoint import (
     encode,
     from_dict,
 )
+from agent.node.plan import PrepareRefused, node_devices, plan_claim
+from agent.node.types import ClaimRef
 from tests.fuzz import fuzz_settings
+from tests.support.inventories import h100_mixed_mig_node
 
 #: A decode of at most MAX_PARAMETERS_BYTES must take no longer than this (it runs inside
 #: a prepare, under the node lock).
@@ -361,6 +364,7 @@ allocations = st.one_of(
 @example({"devices": {"results": 7}})
 @example({"devices": {"results": [], "config": True}})
 @example({"devices": {"results": "gpu-0"}})
+@example({"devices": {"results": [], "config": [{"source": ["FromClaim"]}]}})
 def test_allocation_and_precedence_are_precise(allocation: Any) -> None:
     """A claim's ``status.allocation`` as the API could hold it after a bad write: parsing it
     and choosing each result's config (GPU and channel) raise only ConfigError."""
@@ -445,3 +449,55 @@ def test_a_prepared_config_survives_the_checkpoint(config: GpuConfig | MigDevice
     )
     checkpoint = Checkpoint("boot-1", {claim.uid: claim})
     assert from_dict(json.loads(encode(checkpoint))) == checkpoint
+
+
+# -- the whole ResourceClaim, as the API server could return it ----------------------------
+
+PLAN_DEVICES = node_devices(h100_mixed_mig_node())
+PLAN_REF = ClaimRef("ns", "0f1e2d3c-4b5a-4697-8877-665544332211", "claim")
+
+
+@st.composite
+def claim_documents(draw: st.DrawFn) -> Any:
+    """A ResourceClaim allocated on this node (GPU and MIG results, configs), then mutated:
+    any part replaced by random JSON, dropped or wrapped in a list."""
+    results = [
+        {"request": r, "driver": DRIVER, "pool": "node-1", "device": d}
+        for r, d in draw(
+            st.lists(
+                st.tuples(
+                    st.sampled_from(["gpu", "a/b", "mig"]),
+                    st.sampled_from([*sorted(PLAN_DEVICES), "gpu-9"]),
+                ),
+                max_size=3,
+            )
+        )
+    ]
+    configs = [
+        {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": p}}
+        for p in draw(st.lists(valid_gpu_configs, max_size=2))
+    ]
+    document = {
+        "metadata": {"uid": PLAN_REF.uid, "namespace": "ns", "name": "claim"},
+        "status": {"allocation": {"devices": {"results": results, "config": configs}}},
+    }
+    # the reader (kube/claims.py) refuses a document that is not an object before planning
+    return draw(mutated(st.just(document)).filter(lambda d: isinstance(d, dict)))
+
+
+@fuzz_settings(ci_examples=300)
+@given(claim_documents(), st.booleans())
+@example({"metadata": [], "status": {}}, False)
+@example({"metadata": {"uid": PLAN_REF.uid}, "status": ["allocation"]}, True)
+@example({"metadata": {"uid": PLAN_REF.uid}, "status": {"allocation": {"devices": []}}}, False)
+def test_claim_planning_is_precise(document: Any, sharing: bool) -> None:
+    """``plan_claim`` on any claim document: a plan, or PrepareRefused naming the claim
+    (a per-claim error); any other exception would fail the whole request as INTERNAL."""
+    try:
+        planned = plan_claim(
+            PLAN_REF, document, driver=DRIVER, pool="node-1", devices=PLAN_DEVICES, sharing=sharing
+        )
+    except PrepareRefused as refused:
+        assert "ns/claim" in str(refused) or PLAN_REF.uid in str(refused), refused
+    else:
+        assert all(p.device.name in PLAN_DEVICES for p in planned.devices)
