@@ -16,7 +16,7 @@ What is fuzzed, one module each:
 - ``test_configs``: the opaque config decoders (``GpuConfig``, ``MigDeviceConfig``,
   sharing, ``ComputeDomainChannelConfig``) on random JSON and mutated valid configs: a
   ``ConfigError`` whose every problem starts with a field path, or a config, never another
-  exception.
+  exception; whole ResourceClaim documents into planning: a plan or a per-claim error.
 - ``test_files``: the checkpoint and CDI spec files truncated at every offset, bit-flipped,
   with wrong JSON types, the wrong owner, symlinks planted in place of them, of their
   temporaries and of the node lock: the engine starts, reports what it found, keeps
@@ -24,7 +24,8 @@ What is fuzzed, one module each:
 - ``test_nvml_errors``: every NVML C function the agent calls (recorded, not listed by
   hand) failing with every error code pynvml defines, through the real pynvml bindings
   over the simulated library: discovery, health and MIG operations fail with a precise
-  ``HardwareError`` (or degrade as documented), never another exception.
+  ``HardwareError`` (or degrade as documented), never another exception; a dynamic MIG
+  prepare answers a per-claim error and its retry succeeds.
 
 Run them alone with ``.venv/bin/python -m pytest -q tests/fuzz``. The number of examples
 per property is small in CI (``FUZZ_SETTINGS``, derandomized so a run is repeatable);
