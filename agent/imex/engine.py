@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -267,9 +268,10 @@ class ChannelEngine:
                     "imex.allocation_mode": str(config.allocation_mode),
                 }
             )
-            joined, added = await self._domains.join(
-                domain, self.node_name, self.node_ip, self.clique.clique
-            )
+            with _status_write(subject, domain, "joining it"):
+                joined, added = await self._domains.join(
+                    domain, self.node_name, self.node_ip, self.clique.clique
+                )
             span.set_attribute("imex.node.index", joined.index)
             if added:
                 metrics.domain_change("join")
@@ -283,9 +285,11 @@ class ChannelEngine:
                 ready, said = await self.daemon.wait_ready(domain.uid, self.ready_timeout_s)
                 wait.set_attribute("imex.daemon.ready", ready)
             if not ready:
-                await self._report(domain, False, said)
+                with _status_write(subject, domain, "reporting its daemon not ready"):
+                    await self._report(domain, False, said)
                 raise ChannelRefused(f"{subject}: {domain}: {said} (retried by the kubelet)")
-            await self._report(domain, True, said)
+            with _status_write(subject, domain, "reporting its daemon ready"):
+                await self._report(domain, True, said)
             entry = ChannelClaim(**{**asdict(entry), "state": COMPLETED})
             await anyio.to_thread.run_sync(self._write_spec, entry)
             await self._record(entry)
@@ -469,3 +473,18 @@ class ChannelEngine:
 def served_claims(engine: ChannelEngine) -> dict[str, Any]:
     """The engine's entries as JSON (for logs and tests)."""
     return {uid: asdict(c) for uid, c in engine.claims.items()}
+
+
+@contextmanager
+def _status_write(subject: str, domain: DomainRef, what: str) -> Iterator[None]:
+    """An API failure while writing the domain's status becomes this claim's error, naming
+    the claim, the domain and the step (the bare "API server answered 429" named neither)."""
+    try:
+        yield
+    except (ChannelRefused, DomainError):
+        raise
+    except Exception as error:
+        raise ChannelRefused(
+            f"{subject}: {domain}: {what} failed: {str(error) or repr(error)} "
+            "(retried by the kubelet)"
+        ) from error
