@@ -30,20 +30,28 @@ import copy
 import dataclasses
 import json
 import re
+import shutil
+import sys
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from agent.imex.domains import node_entries
 from agent.sim.allocation import whole_pool
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.apiserver.faults import FaultRule, PathPattern
 from agent.sim.control import control_socket_path
 from agent.sim.control.client import send_request
-from agent.sim.kubelet import ClaimRef
+from agent.sim.deviceclasses import default_device_classes
+from agent.sim.kubelet import ClaimRef, KubeletEmulator
+from tests.integration.compute_domains import TRAY, Cluster, Node
 from tests.integration.conftest import DRIVER, NAMESPACE, NODE, AgentHarness, gpu_request
 
 pytestmark = pytest.mark.anyio
@@ -478,3 +486,135 @@ async def test_startup_reads(agent: AgentHarness, baseline: list[str], fault: Fa
     config = agent.workdir / "agent.yaml"
     await agent.start_agent(args=["--config", str(config)])
     await converged(agent, baseline, await spent(*rules))
+
+
+# -- ComputeDomain status (agent's join, controller's status) and the controller's Lease ------
+
+CD_STATUS = "/apis/resource.nvidia.com/v1beta1/namespaces/*/computedomains/*/status"
+LEASE_NAMESPACE = "gpu-dra-agent"
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases/*"
+LEASE_S = 6
+TRAY_NAME = "tray-a"
+
+
+@pytest.fixture(scope="module")
+async def domains() -> AsyncIterator[Cluster]:
+    """Another API server with one GB200 tray's agent (--compute-domains on) and the
+    controller, as in tests/integration/test_compute_domain.py."""
+    root = Path(tempfile.mkdtemp(prefix="af-cd-", dir="/tmp"))
+    try:
+        async with EmbeddedApiServer() as server, AsyncExitStack() as stack:
+            for device_class in default_device_classes():
+                server.put_object(device_class)
+            cluster = Cluster(root, server)
+            address = [{"type": "InternalIP", "address": "10.0.7.1"}]
+            server.put_object(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": TRAY_NAME},
+                    "status": {"addresses": address},
+                }
+            )
+            kubelet = await stack.enter_async_context(
+                KubeletEmulator(
+                    root / TRAY_NAME / "registry",
+                    node_name=TRAY_NAME,
+                    poll_interval=0.05,
+                    api_access=cluster.api,
+                )
+            )
+            tray = Node(TRAY_NAME, root / TRAY_NAME, kubelet, TRAY)
+            cluster.nodes[TRAY_NAME] = tray
+            await _start_controller(cluster)
+            try:
+                await cluster.start(tray)
+                yield cluster
+            finally:
+                if tray.process is not None and tray.process.returncode is None:
+                    await cluster.stop(tray)
+                if cluster.controller is not None and cluster.controller.returncode is None:
+                    cluster.controller.terminate()
+                    await cluster.controller.wait()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def _start_controller(cluster: Cluster) -> None:
+    """The controller as tests/integration/compute_domains.py starts it, with a 6 s Lease
+    (renewed every 2 s) so that the Lease rows take seconds."""
+    with (cluster.workdir / "controller.log").open("wb") as log:
+        cluster.controller = await anyio.open_process(
+            [
+                *(sys.executable, "-m", "agent", "controller"),
+                *("--kubeconfig", str(cluster.kubeconfig)),
+                *("--lease-namespace", LEASE_NAMESPACE, "--identity", "controller-0"),
+                *("--resync-seconds", "0.2", "--lease-seconds", str(LEASE_S)),
+            ],
+            stdout=log,
+            stderr=log,
+        )
+
+
+@pytest.mark.parametrize("fault", WRITE_FAULTS, ids=_ids)
+async def test_compute_domain_status(domains: Cluster, fault: Fault) -> None:
+    """The status writes (the agent's join of a prepare, the controller's domain status)
+    fail: the channel claim is prepared (at once, or on the kubelet's retry: a per-claim
+    error) and within 5 s after the faults the domain is Ready with this node Ready in it."""
+    cluster, tray = domains, domains.nodes[TRAY_NAME]
+    name = f"cd-{fault.name}"
+    domain = await cluster.create_domain(name, num_nodes=1)
+    rule = fault.arm(cluster.server, "PUT", CD_STATUS, watch=False)
+    claim = await cluster.channel_claim(tray, f"channel-{fault.name}", domain)
+    answer = await cluster.prepare(tray, claim)
+    deadline = time.monotonic() + 15
+    while answer["error"]:  # the kubelet retries; the agent's error names claim and domain
+        assert f"ComputeDomain {NAMESPACE}/{name}" in answer["error"], answer
+        assert time.monotonic() < deadline, answer
+        await anyio.sleep(0.2)
+        answer = await cluster.prepare(tray, claim)
+    assert rule.hits, "no status write met the fault"
+    with anyio.move_on_after(3):  # the controller's status write may meet the rest
+        await spent(rule)
+    cluster.server.faults.remove(rule)  # the faults stop now at the latest
+    since = time.monotonic()
+
+    def ready() -> bool:
+        found = cluster.domain(name)
+        entries = [(e.name, e.status) for e in node_entries(found)]
+        return found.get("status", {}).get("status") == "Ready" and entries == [
+            (TRAY_NAME, "Ready")
+        ]
+
+    while not ready():
+        assert time.monotonic() < since + CONVERGE_S, cluster.domain(name).get("status")
+        await anyio.sleep(0.05)
+    assert not (await cluster.unprepare(tray, claim))["error"]
+    await cluster.delete_claims()
+    assert tray.process is not None and tray.process.returncode is None, tray.log()
+
+
+LEASE_ROWS = [("PUT", f) for f in READ_FAULTS] + [("GET", UNAVAILABLE)]
+
+
+@pytest.mark.parametrize(
+    ("method", "fault"), LEASE_ROWS, ids=[f"{m}-{f.name}" for m, f in LEASE_ROWS]
+)
+async def test_controller_lease(domains: Cluster, method: str, fault: Fault) -> None:
+    """A Lease renewal (its GET or its PUT) fails: the controller keeps leading (it exits
+    only after a whole Lease duration without a renewal) and renews at its next try, within
+    5 s after the fault."""
+    cluster = domains
+    with anyio.fail_after(10):
+        while not cluster.server.list_objects("leases", LEASE_NAMESPACE):  # noqa: ASYNC110
+            await anyio.sleep(0.1)
+    rule = dataclasses.replace(fault, count=1).arm(cluster.server, method, LEASE, watch=False)
+    since = await spent(rule, timeout=LEASE_S)
+    [lease] = cluster.server.list_objects("leases", LEASE_NAMESPACE)
+    renewed = lease["spec"]["renewTime"]
+    while cluster.server.list_objects("leases", LEASE_NAMESPACE)[0]["spec"]["renewTime"] == renewed:
+        assert time.monotonic() < since + CONVERGE_S, "the Lease was not renewed"
+        await anyio.sleep(0.05)
+    [lease] = cluster.server.list_objects("leases", LEASE_NAMESPACE)
+    assert lease["spec"]["holderIdentity"] == "controller-0"
+    assert cluster.controller is not None and cluster.controller.returncode is None
