@@ -8,20 +8,24 @@ embedded API server, whose fault injector makes one kind of call fail in one way
   and watches that the server ends;
 - calls: ResourceSlice create (POST), replace (PUT), delete (DELETE), list and watch; Node
   list and watch (the slices' owner); the startup reads (``/version``, the Node GET, the first
-  slice and Node lists); the ResourceClaim GET of prepare; Event POST.
+  slice and Node lists); the ResourceClaim GET of prepare; Event POST; and, on a second API
+  server with a GB200 tray's agent and the controller, the ComputeDomain status writes (the
+  agent's join and report, the controller's status) and the controller's Lease renewal.
 
 Each row arms its fault, makes the agent need the call (a wipe of the slices, an edited or an
-extra slice, a Node deleted and registered again, a prepare, an XID, a restart), checks that
-the fault was really met, and then that within 5 s after the faults stop the node converges:
-its slices equal a clean start's (same devices and attributes, owned by the current Node),
-one generation, no slice lost or duplicated; a claim whose GET failed got its own error
-while the other claim of the request was prepared, and the kubelet's retry succeeds; each
-Event is written exactly once. The table is in docs/RELIABILITY.md ("API faults").
+extra slice, a Node deleted and registered again, a prepare, an XID, a restart, a new domain,
+the next renewal), checks that the fault was really met, and then that within 5 s after the
+faults stop the node converges: its slices equal a clean start's (same devices and
+attributes, owned by the current Node), one generation, no slice lost or duplicated; a claim
+whose GET failed got its own error while the other claim of the request was prepared, and
+the kubelet's retry succeeds; each Event is written exactly once; the domain is Ready with the
+node Ready in it; the controller still leads and renews. The table is in docs/RELIABILITY.md
+("API faults").
 
-Not here: ComputeDomains and the controller's Lease (a separate GB200 cluster, see
-tests/integration/test_compute_domain.py), and slow answers on slice PUT/DELETE/LIST/WATCH
-and on the startup reads (each would cost a 10 s client timeout; the slow slice POST, claim
-GET and Event POST rows run together in one test).
+Not here: slow answers on slice PUT/DELETE/LIST/WATCH, on the startup reads, on ComputeDomain
+and Lease calls (each would cost a 10 s client timeout; the slow slice POST, claim GET and
+Event POST rows run together in one test); the controller's domain list/replace, template
+and Event calls.
 """
 
 from __future__ import annotations
