@@ -22,7 +22,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from agent.dra.errors import InvalidValueError
 from agent.dra.quantity import parse_quantity
@@ -239,7 +239,11 @@ def parse_allocation(
         elif not isinstance(config_driver, str) or not isinstance(parameters, Mapping):
             problems.append(f"devices.config[{index}].opaque: needs a driver and parameters")
         else:
-            configs.append(DeviceConfigEntry(source, tuple(requests), config_driver, parameters))
+            configs.append(
+                DeviceConfigEntry(
+                    cast(ConfigSource, source), tuple(requests), config_driver, parameters
+                )
+            )
     if problems:
         raise ConfigError(problems)
     return tuple(results), tuple(configs)
