@@ -344,7 +344,7 @@ def _claim_from_dict(uid: str, raw: Any) -> PreparedClaim:
         raise CheckpointFormatError(f"{path}: {error}") from None
     _keys(raw, path, _CLAIM_KEYS | {"intents"})
     state = raw.get("state")
-    if state not in {member.value for member in ClaimState}:
+    if not isinstance(state, str) or state not in {member.value for member in ClaimState}:
         raise CheckpointFormatError(f"{path}.state: {state!r} is not PrepareStarted/Completed")
     devices = raw.get("devices")
     if not isinstance(devices, list):

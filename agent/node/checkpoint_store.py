@@ -163,6 +163,10 @@ class CheckpointStore:
             checkpoint = from_dict(document)
         except CheckpointFormatError as error:
             return self._quarantine(f"the checkpoint {self.path} is invalid: {error}")
+        except Exception as error:  # a check from_dict lacks: still never a crash loop
+            return self._quarantine(
+                f"the checkpoint {self.path} is invalid ({type(error).__name__}: {error})"
+            )
         if checkpoint.boot_id != self.boot_id:
             return self._archive(checkpoint)
         return LoadResult(checkpoint, LoadStatus.LOADED)
