@@ -488,3 +488,34 @@ __all__ = [
     "fresh_harness",
     "workdir",
 ]
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("state",), []),  # found by test_wrong_types_with_a_valid_checksum: a TypeError
+        (("state",), {"PrepareCompleted": 1}),
+        (("devices",), {}),
+        (("intents",), "none"),
+        (("devices", 0, "kind"), ["gpu"]),
+        (("devices", 0, "config"), 7),
+    ],
+)
+def test_hostile_values_with_a_valid_checksum(
+    tmp_path: Path, path: tuple[Any, ...], value: Any
+) -> None:
+    """Values a checksum cannot catch (it is recomputed): CheckpointFormatError naming the
+    claim, and the store moves the file aside (it used to let a TypeError out of the
+    start: the incumbent's crash loop, user-pain.md item 3)."""
+    document = json.loads(encode(sample_checkpoint()))
+    del document["checksum"]
+    node = document["claims"][UIDS[0]]
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    document["checksum"] = checksum(document)
+    with pytest.raises(CheckpointFormatError, match=f"claims.{UIDS[0]}"):
+        from_dict(document)
+    loaded, store = _load_fresh(tmp_path, json.dumps(document).encode())
+    store.close()
+    _check_quarantined(tmp_path, json.dumps(document).encode(), loaded)
