@@ -87,9 +87,10 @@ class CdiSpecDirectory:
     def status(self, path: Path, expected: Mapping[str, Any]) -> SpecStatus:
         """Whether the file at ``path`` holds ``expected`` (compared as JSON) with mode 0644.
 
-        Only a regular file can match: a symlink in its place (whatever it points to, even a
-        file with the right content) DIFFERS, so that ``ensure`` replaces it with a file of
-        our own; the runtime would otherwise read a spec whoever owns the target can change.
+        Only a regular file of our own can match: a symlink in its place (whatever it points
+        to, even a file with the right content) or a file of another owner DIFFERS, so that
+        ``ensure`` replaces it with our own; the runtime would otherwise read a spec that
+        someone else can change.
         """
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -99,9 +100,10 @@ class CdiSpecDirectory:
             return SpecStatus.DIFFERS
         try:
             with open(fd, "rb") as file:
-                mode = os.fstat(file.fileno()).st_mode
-                if not stat.S_ISREG(mode):
-                    return SpecStatus.DIFFERS
+                status = os.fstat(file.fileno())
+                mode = status.st_mode
+                if not stat.S_ISREG(mode) or status.st_uid != os.geteuid():
+                    return SpecStatus.DIFFERS  # another owner could change it at will
                 document = json.loads(file.read())
         except (OSError, ValueError, RecursionError):
             return SpecStatus.DIFFERS
