@@ -349,13 +349,16 @@ def _spec(uid: str) -> dict[str, Any]:
 @fuzz_settings(ci_examples=150)
 @given(st.data())
 def test_damaged_specs_are_rewritten(tmp_path: Path, data: st.DataObject) -> None:
-    """A claim's spec truncated, bit-flipped, of the wrong mode or type: DIFFERS (never an
-    exception), and ``ensure`` puts the exact spec back as a regular 0644 file."""
+    """A claim's spec truncated, bit-flipped, of the wrong mode, type or owner: DIFFERS (never
+    an exception), and ``ensure`` puts the exact spec back as our own regular 0644 file."""
     directory = CdiSpecDirectory(tmp_path / hashlib.sha256(os.urandom(8)).hexdigest()[:8], DRIVER)
     expected = _spec(UIDS[0])
     path = directory.write_claim(UIDS[0], expected)
     content = bytearray(path.read_bytes())
-    damage = data.draw(st.sampled_from(["truncate", "flip", "mode", "json", "deep"]))
+    damages = ["truncate", "flip", "mode", "json", "deep"] + (
+        ["owner"] if os.geteuid() == 0 else []
+    )
+    damage = data.draw(st.sampled_from(damages))
     if damage == "truncate":
         del content[data.draw(st.integers(min_value=0, max_value=len(content) - 1)) :]
     elif damage == "flip":
@@ -368,13 +371,16 @@ def test_damaged_specs_are_rewritten(tmp_path: Path, data: st.DataObject) -> Non
     path.write_bytes(bytes(content))
     if damage == "mode":
         path.chmod(data.draw(st.sampled_from([0o600, 0o666, 0o755, 0o000])))
+    elif damage == "owner":  # right content and mode, but someone else could rewrite it
+        os.chown(path, 65534, 65534)
     status = directory.status(path, expected)
-    unchanged = damage != "mode" and _parses_to(path.read_bytes(), expected)
+    unchanged = damage not in ("mode", "owner") and _parses_to(path.read_bytes(), expected)
     # (a flip in insignificant whitespace, or hypothesis drawing the spec itself, is no damage)
     assert status is (SpecStatus.MATCHES if unchanged else SpecStatus.DIFFERS), damage
     directory.ensure(path, expected)
     assert directory.status(path, expected) is SpecStatus.MATCHES
     assert stat.S_ISREG(path.lstat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert path.stat().st_uid == os.geteuid()
 
 
 def _parses_to(content: bytes, expected: Any) -> bool:
