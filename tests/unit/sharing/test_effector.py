@@ -6,6 +6,7 @@ spans and metrics."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -128,7 +129,22 @@ async def shared(apiserver: EmbeddedApiServer, api_client: Any) -> AsyncIterator
             finally:
                 await node.close()
     finally:
+        kill_processes_under(base)  # daemons a test left running on purpose (or by failing)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def kill_processes_under(base: Path) -> None:
+    """SIGKILL every process whose working directory is inside ``base``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if cwd == str(base) or cwd.startswith(f"{base}/"):
+            with contextlib.suppress(OSError):
+                os.kill(int(proc.name), signal.SIGKILL)
 
 
 async def prepare(engine: PrepareEngine, ref: ClaimRef) -> str | None:
