@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import tempfile
 import time
@@ -27,6 +26,7 @@ import anyio
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.kubelet import EventKind, KubeletEmulator
 from benchmarks import Result
+from benchmarks.agent_process import agent_command, start_agent
 from benchmarks.soak import soak
 
 DRIVER, NODE = "gpu.nvidia.com", "bench-node"
@@ -60,20 +60,11 @@ async def _starts(base: Path, starts: int) -> list[Result]:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubeconfig = server.write_kubeconfig(base / "kubeconfig")
         async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
-            command = [
-                sys.executable, "-m", "agent", "run", "--simulate", "dgx-h100",
-                "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-                "--registrar-dir", str(base / "registry"), "--plugins-dir", str(base / "plugins"),
-                "--cdi-root", str(base / "cdi"), "--log-level", "warning",
-            ]  # fmt: skip
-            environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+            command = agent_command(base, kubeconfig, NODE, "dgx-h100")
             for index in range(starts + 1):  # the first start (cold caches) is not counted
                 seen = len(kl.events(EventKind.REGISTERED, DRIVER))
-                with (base / f"agent-{index}.log").open("wb") as log_file:
-                    began = time.perf_counter()
-                    agent = await anyio.open_process(
-                        command, stdout=log_file, stderr=log_file, env=environ
-                    )
+                began = time.perf_counter()
+                agent = await start_agent(command, base / f"agent-{index}.log")
                 try:
                     await kl.wait_event(EventKind.REGISTERED, DRIVER, count=seen + 1, timeout=60)
                     if index:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +33,7 @@ from agent.sim.control import control_socket_path
 from agent.sim.control.client import send_request
 from agent.sim.kubelet import EventKind, KubeletEmulator
 from benchmarks import Result
+from benchmarks.agent_process import agent_command, start_agent
 
 DRIVER, NODE = "gpu.nvidia.com", "bench-node"
 #: Non-fatal XIDs, each a NoSchedule taint under the default policy.
@@ -54,17 +53,8 @@ async def measure(base: Path, repeat: int) -> list[Result]:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubeconfig = server.write_kubeconfig(base / "kubeconfig")
         async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
-            command = [
-                sys.executable, "-m", "agent", "run", "--simulate", "dgx-h100",
-                "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-                "--registrar-dir", str(base / "registry"), "--plugins-dir", str(base / "plugins"),
-                "--cdi-root", str(base / "cdi"), "--log-level", "warning",
-            ]  # fmt: skip
-            environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
-            with (base / "agent.log").open("wb") as log_file:
-                agent = await anyio.open_process(
-                    command, stdout=log_file, stderr=log_file, env=environ
-                )
+            command = agent_command(base, kubeconfig, NODE, "dgx-h100")
+            agent = await start_agent(command, base / "agent.log")
             try:
                 await kl.wait_event(EventKind.HEALTH_STREAM_OPENED, DRIVER, timeout=30)
                 await kl.next_health_report(DRIVER, timeout=10)

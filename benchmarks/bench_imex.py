@@ -17,8 +17,6 @@ No floor: nothing cheaper does the same work.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 from benchmarks import Result
+from benchmarks.agent_process import agent_command, start_agent
 
 NODE, NAMESPACE = "bench-tray", "default"
 
@@ -45,19 +44,12 @@ async def measure(base: Path, repeat: int) -> list[Result]:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubeconfig = server.write_kubeconfig(base / "kubeconfig")
         async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
-            command = [
-                sys.executable, "-m", "agent", "run", "--simulate", "gb200-nvl72-tray",
-                "--node-name", NODE, "--kubeconfig", str(kubeconfig),
-                "--registrar-dir", str(base / "registry"), "--plugins-dir", str(base / "plugins"),
-                "--cdi-root", str(base / "cdi"), "--sim-fabric-dir", str(base / "fabric"),
+            command = agent_command(
+                base, kubeconfig, NODE, "gb200-nvl72-tray",
+                "--sim-fabric-dir", str(base / "fabric"),
                 "--health-monitoring", "false", "--compute-domains", "on",
-                "--log-level", "warning",
-            ]  # fmt: skip
-            environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
-            with (base / "agent.log").open("wb") as log_file:
-                agent = await anyio.open_process(
-                    command, stdout=log_file, stderr=log_file, env=environ
-                )
+            )  # fmt: skip
+            agent = await start_agent(command, base / "agent.log")
             try:
                 await kl.wait_event(EventKind.REGISTERED, CD_DRIVER, timeout=60)
                 claim = await channel_claim(server, NODE)
