@@ -10,6 +10,7 @@ default" and let the environment and the config file fill in.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from pathlib import Path
 
@@ -159,7 +160,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 async def run(args: argparse.Namespace) -> int:
     """Load the settings, then serve until SIGTERM/SIGINT; returns the exit status."""
     from agent.config import load_config
+    from agent.memory import pin_mmap_threshold
     from agent.supervisor import Supervisor
 
     config = load_config(vars(args), os.environ, args.config)
+    logging.getLogger("agent.memory").info(pin_mmap_threshold(os.environ))
     return await Supervisor(config).run()

@@ -72,7 +72,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     from agent.kube.client import create_api_client
+    from agent.memory import pin_mmap_threshold
 
+    log.info(pin_mmap_threshold(os.environ))
     kubeconfig = args.kubeconfig or (
         Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
     )

@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 from grpclib.server import Server
+from h2.connection import H2Connection
 
 from agent.kubelet.rpc import InFlightCalls
 from agent.kubelet.sockets import SocketIdentity, clear_stale_socket, remove_socket
@@ -31,6 +32,20 @@ DEFAULT_SHUTDOWN_GRACE = 10.0
 
 #: The mode of the agent's gRPC sockets: the kubelet (root) connects, nobody else may.
 SOCKET_MODE = 0o755
+
+#: How many closed streams each HTTP/2 connection remembers (h2's default: 65 536). h2 keeps
+#: how each stream ended, to answer a late frame on it with a stream rather than a connection
+#: error; a peer's late frames come within a round trip, but the record fills up to its limit
+#: on a long-lived connection: the kubelet's, two streams per claim prepared and unprepared,
+#: about 110 bytes each, 7 MB after some 33 000 cycles (the soak's drift, docs/RELIABILITY.md).
+CLOSED_STREAMS_KEPT = 1024
+
+
+def limit_closed_stream_record(kept: int = CLOSED_STREAMS_KEPT) -> None:
+    """Make every HTTP/2 connection opened from now on remember at most ``kept`` closed
+    streams (h2's class attribute; the agent's only HTTP/2 connections are its gRPC
+    servers')."""
+    H2Connection.MAX_CLOSED_STREAMS = kept
 
 
 class UnixGrpcServer:
@@ -60,6 +75,7 @@ class UnixGrpcServer:
     async def start(self) -> None:
         """Replace a stale socket and listen; the socket accepts calls when this returns."""
         clear_stale_socket(self.path)
+        limit_closed_stream_record()
         server = Server(self._services)
         await server.start(path=str(self.path))
         # connect(2) needs write permission: only the owner (root, as the kubelet) may call,

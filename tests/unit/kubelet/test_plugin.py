@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import stat
@@ -13,9 +14,11 @@ import pytest
 from grpclib import GRPCError
 from grpclib.client import Channel
 from grpclib.const import Status
+from h2.connection import H2Connection
 
 from agent.kubelet import api
 from agent.kubelet.registration import Registrar
+from agent.kubelet.server import CLOSED_STREAMS_KEPT
 from agent.kubelet.sockets import SocketPathError
 from tests.unit.kubelet.conftest import DRIVER, FakeEngine, RunningPlugin, make_plugin, wait_until
 
@@ -227,3 +230,24 @@ async def test_rolling_update_names_do_not_clash(short_dir: Path) -> None:
         stale_socket(plugin.dra_server.path)  # "the next instance" took the path
         task_group.cancel_scope.cancel()
     assert plugin.dra_server.path.exists()
+
+
+async def test_a_long_lived_connection_remembers_a_bounded_number_of_closed_streams(
+    running: RunningPlugin,
+) -> None:
+    """The kubelet keeps one connection for months: h2's record of closed streams (65 536 by
+    default, about 7 MB) must stay at CLOSED_STREAMS_KEPT, and calls keep working past it."""
+    calls = CLOSED_STREAMS_KEPT + 200
+    channel = running.dra_channel()
+    try:
+        stub = api.dra_v1.DraPluginStub(channel)
+        for _ in range(calls):
+            answer = await stub.node_prepare_resources(api.dra_v1.NodePrepareResourcesRequest())
+            assert dict(answer.claims) == {}
+    finally:
+        channel.close()
+    servers = [
+        c for c in gc.get_objects() if isinstance(c, H2Connection) and not c.config.client_side
+    ]
+    assert servers, "no server-side HTTP/2 connection found"
+    assert max(len(c._closed_streams) for c in servers) == CLOSED_STREAMS_KEPT
