@@ -22,8 +22,13 @@ refused, the agent exiting, an ERROR or a traceback in its log; or when RSS exce
 ``RSS_LIMIT_MB`` at any sample, RSS grows by ``DRIFT_LIMIT_MB`` or more between 10 % and 100 %,
 or open descriptors grow by more than ``FD_DRIFT_LIMIT``. It prints one summary table.
 
-Not covered: ComputeDomain channels (a second agent on a gb200-nvl72-tray host) are not part
-of the soak.
+With channels (the default; ``--no-channels`` leaves them out), a second agent runs on a
+simulated gb200-nvl72-tray host with ComputeDomains on and, concurrently with the GPU cycles,
+prepares and unprepares a ComputeDomain channel claim over and over (each cycle starts and
+stops the simulated IMEX daemon); the same error, RSS and descriptor bounds apply to it.
+
+SIGTERM or SIGINT (Ctrl-C) stops the soak early: the agents are terminated and waited for, the
+temporary directory removed, and the exit status is 143 or 130.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,8 +291,9 @@ async def _agent(args: list[str], log_path: Path, report: SoakReport) -> AsyncIt
     finally:
         if agent.returncode is not None:
             report.errors.append(f"{log_path.name}: the agent exited ({agent.returncode})")
-        agent.terminate()
-        with anyio.fail_after(20):
+        # shielded: when the soak is interrupted this runs in a cancelled scope
+        with anyio.CancelScope(shield=True), anyio.fail_after(20):
+            agent.terminate()
             await agent.wait()
 
 
@@ -417,6 +424,32 @@ async def _run(
     report.seconds = time.perf_counter() - started
 
 
+async def _interruptible(
+    run: Coroutine[Any, Any, SoakReport],
+) -> tuple[signal.Signals, SoakReport | None]:
+    """``run``, cancelled (its agents terminated on the way out) at SIGTERM or SIGINT; returns
+    the signal and None then."""
+    outcome: list[SoakReport] = []
+    caught = signal.SIGTERM
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal caught
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                caught = signal.Signals(signum)
+                scope.cancel()
+                return
+
+    async def work(scope: anyio.CancelScope) -> None:
+        outcome.append(await run)
+        scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(watch, group.cancel_scope)
+        group.start_soon(work, group.cancel_scope)
+    return caught, (outcome[0] if outcome else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.soak",
@@ -435,16 +468,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cycles must be at least 10")
     logging.getLogger("agent").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="soak-", dir="/tmp") as folder:
-        report = anyio.run(
-            lambda: soak(
-                Path(folder),
-                args.cycles,
-                xid_interval=args.xid_interval,
-                wipe_interval=args.wipe_interval,
-                progress=True,
-                channels=not args.no_channels,
+        interrupted, report = anyio.run(
+            lambda: _interruptible(
+                soak(
+                    Path(folder),
+                    args.cycles,
+                    xid_interval=args.xid_interval,
+                    wipe_interval=args.wipe_interval,
+                    progress=True,
+                    channels=not args.no_channels,
+                )
             )
         )
+    if report is None:
+        print(f"soak: interrupted by {interrupted.name}; agents stopped", file=sys.stderr)
+        return 128 + interrupted
     print(report.table())
     failures = report.violations()
     for failure in failures[:30]:
