@@ -42,6 +42,11 @@ SLICE_LAYOUTS = ("auto", "combined", "split")
 COMPUTE_DOMAIN_MODES = ("auto", "on", "off")
 #: The kubelet gives a prepare 45 s; waiting for the IMEX daemon must end well before.
 MAX_IMEX_READY_TIMEOUT_S = 40.0
+#: ``--api-timeout-seconds``: how long one API call waits for its answer. A claim read is part
+#: of a prepare, which the kubelet gives 45 s, so it cannot usefully wait longer than this.
+DEFAULT_API_TIMEOUT_S = 10.0
+MAX_API_TIMEOUT_S = 40.0
+API_TIMEOUT_ENV = "GPU_DRA_API_TIMEOUT_SECONDS"
 _INSTANCE_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
@@ -98,6 +103,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("imex-ready-timeout-seconds", "GPU_DRA_IMEX_READY_TIMEOUT_SECONDS", "20"),
     Setting("node-ip", "NODE_IP", None),
     Setting("sim-fabric-dir", "GPU_DRA_SIM_FABRIC_DIR", None, is_path=True),
+    # every API client's request timeout (watches: their connect and first answer)
+    Setting("api-timeout-seconds", API_TIMEOUT_ENV, f"{DEFAULT_API_TIMEOUT_S:g}"),
 )
 _BY_KEY = {s.key: s for s in SETTINGS}
 
@@ -131,6 +138,7 @@ class AgentConfig:
     imex_ready_timeout_s: float = 20.0
     node_ip: str | None = None  # where this node's IMEX daemon listens; else the Node's address
     sim_fabric_dir: Path | None = None  # simulated IMEX peers find each other here
+    api_timeout_s: float = DEFAULT_API_TIMEOUT_S  # each API call's bound (--api-timeout-seconds)
 
     @property
     def driver_files(self) -> Path:
@@ -327,6 +335,9 @@ def load_config(
         ),
         node_ip=_ip(values["node-ip"]) if "node-ip" in values else None,
         sim_fabric_dir=_absolute(values["sim-fabric-dir"]) if "sim-fabric-dir" in values else None,
+        api_timeout_s=parse_api_timeout(
+            values["api-timeout-seconds"].value, values["api-timeout-seconds"].source
+        ),
     )
     _check_socket_length(
         config.dra_socket, f"{values['plugins-dir'].source}, the driver name or the instance id"
@@ -370,6 +381,22 @@ def _seconds(value: _Value, maximum: float) -> float:
         raise ConfigError(
             f"{value.source} {value.value!r} is not a number of seconds in (0, {maximum:g}] "
             "(the kubelet's deadline for a prepare is 45 s)"
+        )
+    return seconds
+
+
+def parse_api_timeout(text: str, source: str) -> float:
+    """``--api-timeout-seconds`` (``run`` and ``controller``): seconds in (0, 40]; the
+    ConfigError names ``source`` (the flag, the variable or the config file's key)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= MAX_API_TIMEOUT_S:
+        raise ConfigError(
+            f"{source} {text!r} is not a number of seconds in (0, {MAX_API_TIMEOUT_S:g}]: it "
+            "bounds each call to the API server (a claim read is part of a prepare, which the "
+            "kubelet gives 45 s)"
         )
     return seconds
 

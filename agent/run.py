@@ -20,7 +20,7 @@ KUBELET_REGISTRAR_DIRECTORY_PATH, KUBELET_PLUGINS_DIRECTORY_PATH, CDI_ROOT,
 NVIDIA_DRIVER_ROOT, GPU_DRA_SIMULATE, POD_UID, GPU_DRA_METRICS_ADDRESS, GPU_DRA_DYNAMIC_MIG,
 GPU_DRA_SLICE_LAYOUT, GPU_DRA_ADOPT_MIG_INSTANCES, GPU_DRA_MIG_MODE_OFF_WHEN_IDLE,
 GPU_DRA_COMPUTE_DOMAINS, GPU_DRA_IMEX_DAEMON_CMD, GPU_DRA_IMEX_READY_TIMEOUT_SECONDS, NODE_IP,
-GPU_DRA_SIM_FABRIC_DIR; tracing and metrics
+GPU_DRA_SIM_FABRIC_DIR, GPU_DRA_API_TIMEOUT_SECONDS; tracing and metrics
 push: the standard OTEL_* variables (docs/OBSERVABILITY.md).
 
 example (no GPU, no cluster):
@@ -154,6 +154,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="with --simulate: the directory simulated IMEX daemons of several agents share to "
         "find each other [GPU_DRA_SIM_FABRIC_DIR] (default: <plugins-dir>/"
         "compute-domain.nvidia.com/sim-fabric)",
+    )
+    add(
+        "--api-timeout-seconds",
+        metavar="N",
+        help="how long each call to the API server waits for its answer (a watch: for its "
+        "first answer; Events and the start-up reads wait at most 5 s) "
+        "[GPU_DRA_API_TIMEOUT_SECONDS] (default: 10, at most 40)",
     )
 
 

@@ -33,7 +33,9 @@ from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("agent.supervisor")
 
-#: Bound on the best-effort Node lookup (its uid names the slices' owner and Event target).
+#: Bound on the best-effort start-up reads (the Node's uid names the slices' owner and Event
+#: target; the server's version picks a taint effect and the slice layout), even when
+#: ``--api-timeout-seconds`` is longer.
 NODE_LOOKUP_TIMEOUT = 5.0
 
 
@@ -131,6 +133,7 @@ class Supervisor:
         from agent.hardware.discovery import discover, nvml_session
         from agent.kube.claims import ApiClaimReader
         from agent.kube.client import create_api_client
+        from agent.kube.events import DEFAULT_TIMEOUT_S as EVENT_TIMEOUT_S
         from agent.kube.events import ApiEventPoster
         from agent.kube.publisher import SlicePublisher
         from agent.kubelet.plugin import KubeletPlugin
@@ -158,11 +161,17 @@ class Supervisor:
 
         api_client = await create_api_client(config.kubeconfig)
         stack.push_async_callback(api_client.close)
-        node_uid = await _node_uid(api_client, config.node_name)
-        health_policy = await _health_policy_for_server(api_client, config.health)
-        events = ApiEventPoster(api_client, config.node_name, node_uid=node_uid)
+        timeout = config.api_timeout_s  # --api-timeout-seconds: every API client below
+        node_uid = await _node_uid(api_client, config.node_name, timeout)
+        health_policy = await _health_policy_for_server(api_client, config.health, timeout)
+        events = ApiEventPoster(
+            api_client,
+            config.node_name,
+            node_uid=node_uid,
+            timeout_s=min(timeout, EVENT_TIMEOUT_S),  # best effort: never held longer
+        )
 
-        claim_reader = ApiClaimReader(api_client)
+        claim_reader = ApiClaimReader(api_client, timeout_s=timeout)
         stack.push_async_callback(claim_reader.close)  # before the client it borrows from
         effectors: list[Any] = []  # agent.node.effectors.DeviceEffector, in order
         if config.dynamic_mig:  # MIG instances made on prepare (agent/mig)
@@ -236,7 +245,7 @@ class Supervisor:
                 inventory = await discover(session.nvml, config.host_root)
             device_set = build_device_set(inventory, dynamic_mig=dynamic_mig)
             devices, counter_sets = list(device_set.devices), device_set.counter_sets
-            slice_layout = await _slice_layout_for_server(api_client, config.slice_layout)
+            slice_layout = await _slice_layout_for_server(api_client, config.slice_layout, timeout)
             log.info(
                 "dynamic MIG: %d partitionable GPU(s), %d device(s), slice layout %s",
                 len(counter_sets),
@@ -250,6 +259,7 @@ class Supervisor:
             driver_name=config.driver_name,
             node_uid=node_uid,
             slice_layout=slice_layout,
+            request_timeout=timeout,
         )
         publisher.set_devices(devices, counter_sets)
         self._child(group, "slice publisher", publisher.run)
@@ -331,7 +341,9 @@ class _Started:
         self._on_started(value)
 
 
-async def _health_policy_for_server(api_client: Any, policy: HealthPolicy) -> HealthPolicy:
+async def _health_policy_for_server(
+    api_client: Any, policy: HealthPolicy, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> HealthPolicy:
     """``policy`` with the ``unmonitored`` taint effect the API server accepts (``None`` from
     1.35 on, else ``NoSchedule``; an unreadable version gets ``NoSchedule``, valid everywhere)."""
     from agent.health.policy import unmonitored_effect_for
@@ -340,7 +352,9 @@ async def _health_policy_for_server(api_client: Any, policy: HealthPolicy) -> He
     version: tuple[int, int] | None = None
     try:
         with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            version = await RawSliceApi(api_client).read_server_version()
+            version = await RawSliceApi(
+                api_client, request_timeout=api_timeout_s
+            ).read_server_version()
     except Exception as err:  # best effort: the safe effect is valid on every version
         log.warning("could not read the API server's version: %s", err)
     effect = unmonitored_effect_for(version)
@@ -366,7 +380,9 @@ def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
     )
 
 
-async def _slice_layout_for_server(api_client: Any, configured: str) -> str:
+async def _slice_layout_for_server(
+    api_client: Any, configured: str, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> str:
     """``--slice-layout``: as configured, or for ``auto`` the layout the API server's version
     accepts (``combined`` on 1.34, ``split`` from 1.35; ``split`` when unreadable)."""
     from agent.dra.slices import layout_for_version
@@ -377,19 +393,25 @@ async def _slice_layout_for_server(api_client: Any, configured: str) -> str:
     version: tuple[int, int] | None = None
     try:
         with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            version = await RawSliceApi(api_client).read_server_version()
+            version = await RawSliceApi(
+                api_client, request_timeout=api_timeout_s
+            ).read_server_version()
     except Exception as err:
         log.warning("could not read the API server's version for the slice layout: %s", err)
     return layout_for_version(version)
 
 
-async def _node_uid(api_client: Any, node_name: str) -> str | None:
+async def _node_uid(
+    api_client: Any, node_name: str, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> str | None:
     """The Node's uid, or None when it cannot be read now (the publisher retries on its own)."""
     from agent.kube.rawapi import RawSliceApi
 
     try:
         with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            return await RawSliceApi(api_client).read_node_uid(node_name)
+            return await RawSliceApi(api_client, request_timeout=api_timeout_s).read_node_uid(
+                node_name
+            )
     except Exception as err:  # best effort: events then name the node without its uid
         log.warning("could not read Node %s: %s", node_name, err)
         return None

@@ -68,12 +68,25 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="how often every ComputeDomain is read again (default: 1)",
     )
+    add(
+        "--api-timeout-seconds",
+        metavar="N",
+        help="how long each call to the API server waits for its answer "
+        "[GPU_DRA_API_TIMEOUT_SECONDS] (default: 10, at most 40)",
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
+    from agent.config import API_TIMEOUT_ENV, DEFAULT_API_TIMEOUT_S, parse_api_timeout
     from agent.kube.client import create_api_client
     from agent.memory import pin_mmap_threshold
 
+    if args.api_timeout_seconds is not None:
+        timeout = parse_api_timeout(args.api_timeout_seconds, "--api-timeout-seconds")
+    elif os.environ.get(API_TIMEOUT_ENV):
+        timeout = parse_api_timeout(os.environ[API_TIMEOUT_ENV], API_TIMEOUT_ENV)
+    else:
+        timeout = DEFAULT_API_TIMEOUT_S
     log.info(pin_mmap_threshold(os.environ))
     kubeconfig = args.kubeconfig or (
         Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
@@ -81,7 +94,7 @@ async def run(args: argparse.Namespace) -> int:
     api_client = await create_api_client(kubeconfig)
     try:
         controller = Controller(
-            DomainApi(api_client, component="gpu-dra-agent-controller"),
+            DomainApi(api_client, component="gpu-dra-agent-controller", request_timeout=timeout),
             identity=args.identity,
             lease_namespace=args.lease_namespace,
             lease_seconds=args.lease_seconds,

@@ -64,7 +64,9 @@ async def serve_compute_domains(
         )
         return None
     plugin_dir = config.plugins_dir / DRIVER
-    node_ip = config.node_ip or await _node_address(api_client, config.node_name)
+    node_ip = config.node_ip or await _node_address(
+        api_client, config.node_name, min(5.0, config.api_timeout_s)
+    )
     if node_ip is None and config.simulate is not None:
         node_ip = simulated_address(config.node_name)
     if node_ip is None and clique.clique is not None:
@@ -89,14 +91,18 @@ async def serve_compute_domains(
         clique=clique,
         node_ip=node_ip or "",
         claim_reader=claim_reader,
-        domains=DomainApi(api_client),
+        domains=DomainApi(api_client, request_timeout=config.api_timeout_s),
         daemon=daemon,
         ready_timeout_s=config.imex_ready_timeout_s,
     )
     await engine.start()
     await start_child("channel engine", engine.run)
     publisher = SlicePublisher(
-        api_client, node_name=config.node_name, driver_name=DRIVER, node_uid=node_uid
+        api_client,
+        node_name=config.node_name,
+        driver_name=DRIVER,
+        node_uid=node_uid,
+        request_timeout=config.api_timeout_s,
     )
     publisher.set_devices(channel_devices(clique.clique))
     child("channel slice publisher", publisher.run)
@@ -147,12 +153,12 @@ def _imex_commands(config: AgentConfig, plugin_dir: Path) -> tuple[str, str]:
     return find(daemon), find("nvidia-imex-ctl")
 
 
-async def _node_address(api_client: Any, node_name: str) -> str | None:
-    """The Node's InternalIP (best effort: None when unreadable)."""
+async def _node_address(api_client: Any, node_name: str, bound_s: float) -> str | None:
+    """The Node's InternalIP (best effort: None when unreadable within ``bound_s``)."""
     from kubernetes_asyncio import client
 
     try:
-        with anyio.fail_after(5.0):
+        with anyio.fail_after(bound_s):
             response: Any = await client.CoreV1Api(api_client).read_node(
                 node_name, _preload_content=False
             )

@@ -239,3 +239,46 @@ def test_dynamic_mig_settings_defaults_and_sources(tmp_path: Path) -> None:
 def test_slice_layout_must_be_known() -> None:
     with pytest.raises(ConfigError, match=r"--slice-layout 'both' is not one of auto, combined"):
         load_config({"node_name": "node-a", "slice_layout": "both"}, {})
+
+
+def test_api_timeout_flag_beats_environment_beats_file_beats_default(tmp_path: Path) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text("node-name: n\napi_timeout_seconds: 3\n")  # snake_case key, like the others
+    env = {"GPU_DRA_API_TIMEOUT_SECONDS": "2.5"}
+    assert load_config(flags(node_name="n"), {}).api_timeout_s == 10.0
+    assert load_config(flags(), {}, path).api_timeout_s == 3.0
+    assert load_config(flags(), env, path).api_timeout_s == 2.5
+    assert load_config(flags(api_timeout_seconds="1.5"), env, path).api_timeout_s == 1.5
+    path.write_text("node-name: n\napi-timeout-seconds: 40\n")  # the largest accepted
+    assert load_config(flags(), {}, path).api_timeout_s == 40.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "41", "soon", "", "nan", "inf"])
+def test_a_bad_api_timeout_names_its_source(tmp_path: Path, value: str) -> None:
+    bound = r"is not a number of seconds in \(0, 40\]: it bounds each call to the API server"
+    if value:  # an empty variable counts as unset
+        with pytest.raises(ConfigError, match=rf"^GPU_DRA_API_TIMEOUT_SECONDS '{value}' {bound}"):
+            load_config(flags(node_name="n"), {"GPU_DRA_API_TIMEOUT_SECONDS": value})
+    with pytest.raises(ConfigError, match=rf"^--api-timeout-seconds '{value}' {bound}"):
+        load_config(flags(node_name="n", api_timeout_seconds=value), {})
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"node-name: n\napi-timeout-seconds: '{value}'\n")
+    with pytest.raises(ConfigError, match=rf"agent\.yaml: api-timeout-seconds '{value}' {bound}"):
+        load_config(flags(), {}, path)
+
+
+def test_the_controller_takes_the_api_timeout_like_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gpu-dra-agent controller --api-timeout-seconds`` (or the variable) is validated the
+    same way before the controller touches the API server."""
+    import anyio
+
+    from agent.cli import build_parser
+    from agent.imex.controller import run
+
+    argv = ["controller", "--api-timeout-seconds", "0"]
+    monkeypatch.setenv("GPU_DRA_API_TIMEOUT_SECONDS", "soon")  # the flag wins
+    with pytest.raises(ConfigError, match=r"^--api-timeout-seconds '0' is not a number of sec"):
+        anyio.run(run, build_parser(argv).parse_args(argv))
+    argv = ["controller"]
+    with pytest.raises(ConfigError, match=r"^GPU_DRA_API_TIMEOUT_SECONDS 'soon' is not a numb"):
+        anyio.run(run, build_parser(argv).parse_args(argv))
