@@ -24,9 +24,10 @@ server, each claim asks for one device of its class), not by naming devices.
 * ``target``: 1.5 x (grpc empty prepare + http GET claim + 2 x durable write), from the p50s,
   and the p50 of the one-GPU prepare rows divided by it (<= 1 meets the target).
 
-All rows but the batch are measured in turns (``_Rows``): blocks of 10 back-to-back calls of
-one row, each after an untimed call, the rows taking turns until each has ``repeat``
-samples. Each component is thus measured warm, as a loop of it alone would measure it, and
+All rows are measured in turns (``_Rows``): blocks of 10 back-to-back calls of one row, each
+after an untimed call, the rows taking turns until each has ``repeat`` samples (the batch
+too, so that P2 and its floor see the same load; measured after the other rows it varied by a
+factor of two between runs on a loaded machine). Each component is thus measured warm, as a loop of it alone would measure it, and
 all rows see the same machine load over the run (docs/PERFORMANCE.md explains why).
 
 :func:`measure` is the entry point for other callers (it returns the rows as ``Result``).
@@ -34,12 +35,13 @@ all rows see the same machine load over the run (docs/PERFORMANCE.md explains wh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +76,8 @@ from benchmarks import Result
 
 DRIVER, NODE = "gpu.nvidia.com", "bench-node"
 MIG_BATCH = 32
+#: A row for ``_Rows.block``: its name, the timed call, the untimed call after it.
+Block = tuple[str, Callable[[], Awaitable[Any]], Callable[[], Awaitable[Any]]]
 
 
 def run(repeat: int) -> list[Result]:
@@ -96,8 +100,8 @@ async def measure(base: Path, repeat: int) -> list[Result]:
         client = await create_api_client(kubeconfig)
         bench = _Bench(base, url, client)
         try:
-            rows = await bench.h100(repeat)
-            rows.append(await bench.a100(repeat))
+            async with bench.a100_batch() as batch:
+                rows = await bench.h100(repeat, batch)
         finally:
             await bench.reader.close()
             shutil.rmtree(bench.cdi_root, ignore_errors=True)
@@ -114,18 +118,6 @@ async def measure(base: Path, repeat: int) -> list[Result]:
         if name.startswith(("grpc prepare 1 GPU", "engine prepare 1 GPU")):
             rows.append(Result(f"{name}: p50 / target", (p50 / budget,), "x"))
     return rows
-
-
-async def _timed(name: str, repeat: int, call: Callable[[], Awaitable[Any]]) -> Result:
-    """``repeat`` timed calls after two untimed warm-up calls."""
-    for _ in range(2):
-        await call()
-    samples = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        await call()
-        samples.append((time.perf_counter() - started) * 1000)
-    return Result(name, tuple(samples))
 
 
 class _Rows:
@@ -226,8 +218,8 @@ class _Bench:
         await engine.start()
         return engine
 
-    async def h100(self, repeat: int) -> list[Result]:
-        """All rows but the batch, in turns of ``_Rows.BLOCK`` calls per row: each row is
+    async def h100(self, repeat: int, batch: Block) -> list[Result]:
+        """All rows (``batch`` too), in turns of ``_Rows.BLOCK`` calls per row: each row is
         measured back to back (warm, as a loop of trivial RPCs or of writes measures its
         best case), and the turns spread every row over the whole run, so the target's
         components and the prepares see the same machine load (other processes, the file
@@ -286,6 +278,7 @@ class _Bench:
                     grpc_prepare,
                     lambda: kubelet.unprepare([ref]),
                 )
+                await rows.block(*batch)
             return rows.results()
         finally:
             await reader.close()
@@ -295,22 +288,22 @@ class _Bench:
             await engine.close()
             await on_disk.close()
 
-    async def a100(self, repeat: int) -> Result:
+    @contextlib.asynccontextmanager
+    async def a100_batch(self) -> AsyncIterator[Block]:
+        """The batch row as a ``_Rows.block``: one request of ``MIG_BATCH`` claims on
+        dgx-a100's static MIG devices (timed), unprepared after it (not timed)."""
         engine = await self._engine("dgx-a100", self.cdi_root / "a100")
         try:
             await self._publish("dgx-a100")
             refs = [await self._allocate(f"mig-{i}", "mig.nvidia.com") for i in range(MIG_BATCH)]
-            samples: list[float] = []
 
             async def batch() -> None:
-                started = time.perf_counter()
                 results = await engine.prepare(refs)
-                samples.append((time.perf_counter() - started) * 1000)
                 assert all(r.error is None for r in results.values())
+
+            async def unprepare() -> None:
                 await engine.unprepare(refs)
 
-            await _timed("warm-up", repeat, batch)
-            name = f"engine prepare {MIG_BATCH} MIG claims, CDI {self.cdi_label}"
-            return Result(name, tuple(samples[2:]))
+            yield f"engine prepare {MIG_BATCH} MIG claims, CDI {self.cdi_label}", batch, unprepare
         finally:
             await engine.close()
