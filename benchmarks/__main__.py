@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
 
+from agent.memory import pin_mmap_threshold
 from benchmarks import MODULES, Result, table
 from benchmarks.summary import BASELINE, compare, load_baseline, render, summarize, write_baseline
 
@@ -32,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         help="write this run's table as the baseline, with NOTE (machine, load) in it",
     )
     args = parser.parse_args(argv)
+    # the rows measured in this process (bench_prepare's engine and gRPC server) get the
+    # allocator set-up the agent's process makes at start (agent/memory.py)
+    pin_mmap_threshold(os.environ)
     results: list[Result] = []
     started = time.perf_counter()
     for name in MODULES:
