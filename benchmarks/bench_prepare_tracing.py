@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,12 +45,10 @@ from typing import Any
 
 import aiohttp
 import anyio
-import yaml
 from grpclib.client import Channel
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 
-from agent.kube.client import create_api_client
 from agent.kubelet import api
 from agent.kubelet.dra_service import DraPluginService
 from agent.kubelet.rpc import InFlightCalls
@@ -61,7 +58,7 @@ from agent.node.durable import write_atomic
 from agent.sim.kubelet.dra_client import DraClient
 from agent.telemetry import tracing
 from benchmarks import Result
-from benchmarks.bench_prepare import DRIVER, NODE, _Bench, _Rows
+from benchmarks.bench_prepare import DRIVER, NODE, _Bench, _Rows, bench_in_api_server
 
 GAP_S = 0.02
 FLOOR = ("http GET claim", "durable write 4 KiB", "grpc empty prepare")
@@ -126,24 +123,8 @@ async def _measure(base: Path, repeat: int) -> list[Result]:
     counter = _CountEnded()
     if tracing.configure_tracing(node_name=NODE):
         trace.get_tracer_provider().add_span_processor(counter)  # type: ignore[attr-defined]
-    kubeconfig = base / "kubeconfig"
-    command = [sys.executable, "-m", "agent", "sim", "apiserver", "--listen", "127.0.0.1:0"]
-    async with await anyio.open_process([*command, "--kubeconfig-out", str(kubeconfig)]) as server:
-        assert server.stdout is not None
-        with anyio.fail_after(30):
-            output = b""
-            while b"kubeconfig written" not in output:
-                output += await server.stdout.receive()
-        url = yaml.safe_load(kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
-        client = await create_api_client(kubeconfig)
-        bench = _Bench(base, url, client)
-        try:
-            rows = await _rows(bench, repeat)
-        finally:
-            await bench.reader.close()
-            shutil.rmtree(bench.cdi_root, ignore_errors=True)
-            await client.close()
-            server.terminate()
+    async with bench_in_api_server(base) as bench:
+        rows = await _rows(bench, repeat)
     tracing.shutdown_tracing()
     by_name = {row.name: row.p50 for row in rows}
     budget = 1.5 * (by_name[FLOOR[2]] + by_name[FLOOR[0]] + 2 * by_name[FLOOR[1]])
