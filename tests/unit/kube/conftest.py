@@ -4,15 +4,12 @@ the way the agent builds it, and the devices of the shipped simulated host profi
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
 
 from agent.dra import DraDevice, build_devices
 from agent.hardware.discovery import discover_host
-from agent.kube.client import create_api_client
 from agent.sim.apiserver import EmbeddedApiServer
 from tests.unit.kube.helpers import NODE
 
@@ -38,12 +35,3 @@ async def apiserver() -> AsyncIterator[EmbeddedApiServer]:
         yield server
     finally:
         await server.stop()
-
-
-@pytest.fixture
-async def api_client(apiserver: EmbeddedApiServer, tmp_path: Path) -> AsyncIterator[Any]:
-    client = await create_api_client(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
-    try:
-        yield client
-    finally:
-        await client.close()

@@ -3,10 +3,7 @@
 from tests.unit.node.engine_support import (  # noqa: F401
     a100_host,
     a100_node,
-    api_client,
-    apiserver,
     engine,
     h100_host,
-    kubeconfig,
     node,
 )

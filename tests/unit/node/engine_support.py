@@ -21,7 +21,6 @@ from agent.hardware.discovery import discover_host
 from agent.hardware.hostfiles import HostFiles
 from agent.hardware.inventory import Inventory
 from agent.kube.claims import ApiClaimReader
-from agent.kube.client import create_api_client
 from agent.kube.events import LoggingEventPoster
 from agent.node.checkpoint_store import FILE_NAME
 from agent.node.effectors import DeviceEffector
@@ -166,30 +165,6 @@ def h100_host(tmp_path_factory: pytest.TempPathFactory) -> Host:
 @pytest.fixture(scope="session")
 def a100_host(tmp_path_factory: pytest.TempPathFactory) -> Host:
     return discover("dgx-a100", tmp_path_factory.mktemp("dgx-a100"))
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[EmbeddedApiServer]:
-    server = EmbeddedApiServer()
-    await server.start("127.0.0.1", 0)
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
-def kubeconfig(apiserver: EmbeddedApiServer, tmp_path: Path) -> Path:
-    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-
-
-@pytest.fixture
-async def api_client(kubeconfig: Path) -> AsyncIterator[Any]:
-    client = await create_api_client(kubeconfig)
-    try:
-        yield client
-    finally:
-        await client.close()
 
 
 @pytest.fixture

@@ -14,21 +14,6 @@ from agent.sim.apiserver import EmbeddedApiServer
 
 
 @pytest.fixture
-async def apiserver() -> AsyncIterator[EmbeddedApiServer]:
-    server = EmbeddedApiServer(bookmark_interval=0.2)
-    await server.start("127.0.0.1", 0)
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-@pytest.fixture
-def kubeconfig(apiserver: EmbeddedApiServer, tmp_path: Path) -> Path:
-    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
-
-
-@pytest.fixture
 async def k8s(kubeconfig: Path) -> AsyncIterator[Any]:
     """A kubernetes-asyncio ``ApiClient`` built the way the agent builds it: from a kubeconfig."""
     client = await config.new_client_from_config(config_file=str(kubeconfig))

@@ -1,3 +1,0 @@
-"""Fixtures of the dynamic MIG tests: the engine's (``tests.unit.node.engine_support``)."""
-
-from tests.unit.node.engine_support import api_client, apiserver, kubeconfig  # noqa: F401
