@@ -11,6 +11,7 @@ then close the server.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -77,10 +78,18 @@ class UnixGrpcServer:
         clear_stale_socket(self.path)
         limit_closed_stream_record()
         server = Server(self._services)
-        await server.start(path=str(self.path))
         # connect(2) needs write permission: only the owner (root, as the kubelet) may call,
-        # whatever the process umask (which alone would give 0777 & ~umask)
-        os.chmod(self.path, SOCKET_MODE)
+        # whatever the process umask (which alone would give 0777 & ~umask). The socket is
+        # bound under a hidden name (the kubelet's plugin watcher skips dot-names), given its
+        # mode and renamed into place, so it never appears with another mode nor changes after
+        # it appeared (a chmod after the bind, run after asyncio's yield in the bind, raced a
+        # watcher: the kubelet emulator took the changed ctime for a recreated socket and
+        # registered the plugin again, closing the connection of a call in flight).
+        hidden = _hidden_path(self.path)
+        hidden.unlink(missing_ok=True)
+        await server.start(path=str(hidden))
+        os.chmod(hidden, SOCKET_MODE)
+        os.replace(hidden, self.path)
         self._server = server
         self._identity = SocketIdentity.of(self.path)
         log.info("%s socket listening", self.name, extra={"socket": str(self.path)})
@@ -108,6 +117,13 @@ class UnixGrpcServer:
             server.close()
             await server.wait_closed()
         log.info("%s socket closed", self.name, extra={"socket": str(self.path)})
+
+
+def _hidden_path(path: Path) -> Path:
+    """A dot-name next to ``path`` and no longer than it (whose length was checked against
+    ``sun_path``), the same for the same path."""
+    digest = hashlib.sha256(os.fsencode(path)).hexdigest()
+    return path.with_name("." + digest[: max(len(path.name) - 1, 1)])
 
 
 async def _request_tasks_done(server: Server, limit_s: float) -> None:
