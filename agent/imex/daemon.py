@@ -7,8 +7,10 @@ live in ``<plugins-dir>/compute-domain.nvidia.com/domains/<domain uid>/``:
   address this node's daemon binds and the ports;
 - ``nodes_config.cfg``: the addresses of the domain's nodes in this node's clique, one a line,
   in index order;
-- ``imex.pid``: the running daemon's pid, so that an agent restarted after ``kill -9`` finds
-  the daemon its predecessor left running and replaces it (never a second daemon);
+- ``imex.pid``: the running daemon's pid (for people and tools). An agent restarted after
+  ``kill -9`` finds the daemon its predecessor left running by its command line (ending with
+  ``-c <this directory>/imexd.cfg``), not by this file: a kill between the daemon's start and
+  this file's write leaves a daemon no file names. It replaces it (never a second daemon);
 - ``imex.log``: what the daemon prints (stdout and stderr). A file, not a pipe to the agent:
   a daemon writing into a pipe whose reader died with the agent would die of ``SIGPIPE``.
 
@@ -31,6 +33,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -329,34 +332,52 @@ def _read_from(path: Path, offset: int, limit: int = 1 << 16) -> bytes:
         return b""
 
 
-def kill_leftover(directory: Path) -> int | None:
-    """Kill the daemon a previous agent left running for this directory (its pid file names
-    it and its command line names the config); returns its pid, if there was one."""
-    pid_file = directory / PID_FILE
-    try:
-        pid = int(pid_file.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        cmdline = b""
-    if str(directory / CONFIG_FILE).encode() not in cmdline:
-        pid_file.unlink(missing_ok=True)
-        return None  # gone, or the pid now belongs to another process
-    log.warning("stopping the IMEX daemon (pid %d) a previous agent left running", pid)
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGTERM)
-    for _ in range(int(STOP_GRACE_S / 0.05)):
-        if not Path(f"/proc/{pid}").exists() or _zombie(pid):
-            break
+def leftover_daemons(directory: Path) -> list[int]:
+    """The live processes of a daemon started for ``directory``: every process (not a
+    zombie) whose command line ends with ``-c <directory>/imexd.cfg``, as the agent starts
+    the daemon (``nvidia-imex-ctl``'s ends with ``-q``). Found by their command line, not by
+    the pid file: an agent killed between starting the daemon and recording its pid leaves a
+    daemon no pid file names."""
+    tail = [b"-c", str(directory / CONFIG_FILE).encode()]
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdecimal():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[-1:] == [b""]:
+            argv = argv[:-1]
+        if argv[-2:] == tail and not _zombie(int(entry.name)):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill_leftover(directory: Path) -> list[int]:
+    """Stop the daemons a previous agent left running for this directory (SIGTERM to each
+    one's process group, SIGKILL after ``STOP_GRACE_S``) and remove its pid file; returns
+    their pids."""
+    pids = leftover_daemons(directory)
+    for pid in pids:
+        log.warning("stopping the IMEX daemon (pid %d) a previous agent left running", pid)
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while (alive := [p for p in pids if not _gone(p)]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    else:
-        os.kill(pid, signal.SIGKILL)
-    pid_file.unlink(missing_ok=True)
-    return pid
+    for pid in alive:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    (directory / PID_FILE).unlink(missing_ok=True)
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or _zombie(pid)
 
 
 def _zombie(pid: int) -> bool:

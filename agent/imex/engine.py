@@ -24,6 +24,9 @@ Prepare of one claim (claims of a request one after another, under one lock):
    record ``PrepareCompleted``.
 
 Unprepare of the node's last claim of a domain stops the daemon and removes the node's entry.
+At start the engine keeps a ``PrepareStarted`` entry (the kubelet's retry finishes it, or its
+unprepare undoes it) and stops the daemon of a domain no entry serves.
+
 While a domain is served, :meth:`ChannelEngine.run` follows it every second: a node that
 joins or leaves changes the rendered config (the daemon restarts with it) and a daemon that
 is not READY for 5 s (``not_ready_grace_s``: longer than a restart for a changed node list
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -51,12 +55,12 @@ from agent.hardware.hostfiles import HostFiles
 from agent.imex import metrics
 from agent.imex.cdi import CHANNELS_MAJOR_NAME, channel_spec, channels_for
 from agent.imex.config import DRIVER, AllocationMode, channel_config_for
-from agent.imex.daemon import ImexDaemon
+from agent.imex.daemon import ImexDaemon, kill_leftover
 from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref, node_entries
 from agent.imex.fabric import CHANNEL_DEVICE, Clique
 from agent.kube.claims import ClaimReader
 from agent.node.cdi import CdiSpecDirectory
-from agent.node.durable import NodeLock, write_atomic
+from agent.node.durable import NodeLock, clean_temporaries, write_atomic
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
 
@@ -134,16 +138,21 @@ class ChannelEngine:
 
     async def start(self) -> None:
         """Load the checkpoint; rewrite the CDI specs of completed claims (tmpfs), remove
-        specs no entry owns; the daemon of a served domain is started again by ``run``."""
+        the others (of no entry, or of a ``PrepareStarted`` one: its retry writes it again)
+        and the temporaries a crash left; stop the daemons of a domain no entry serves and
+        remove its directory. The daemon of a served domain is replaced by ``run``."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         async with self._node_lock:
+            await anyio.to_thread.run_sync(clean_temporaries, self.plugin_dir)
             self.claims = await anyio.to_thread.run_sync(self._load)
             for claim in self.claims.values():
                 if claim.state == COMPLETED:
                     await anyio.to_thread.run_sync(self._write_spec, claim)
-            owned = set(self.claims)
+            owned = {uid for uid, c in self.claims.items() if c.state == COMPLETED}
             for uid in self._specs.claim_uids() - owned:
                 self._specs.remove_claim(uid)
+            served = {c.domain_uid for c in self.claims.values()}
+            await anyio.to_thread.run_sync(self._sweep_domains, served)
         domain = self._served()
         if domain is not None:
             log.info("serving %s again after a restart; its IMEX daemon is restarted", domain)
@@ -165,6 +174,24 @@ class ChannelEngine:
                     await self._follow()
                 except Exception as error:  # logged, tried again next round
                     log.warning("following the served ComputeDomain failed: %s", error)
+
+    def _sweep_domains(self, served: set[str]) -> None:
+        """Temporaries out of every domain directory; a directory of a domain no entry
+        serves goes, after its leftover daemon is stopped."""
+        try:
+            directories = [p for p in self.daemon.domains_dir.iterdir() if p.is_dir()]
+        except FileNotFoundError:
+            return
+        for directory in directories:
+            clean_temporaries(directory)
+            if directory.name not in served:
+                stopped = kill_leftover(directory)
+                log.warning(
+                    "removing %s: no claim serves its ComputeDomain (stopped daemons: %s)",
+                    directory,
+                    stopped or "none",
+                )
+                shutil.rmtree(directory, ignore_errors=True)
 
     def _served(self) -> DomainRef | None:
         for claim in self.claims.values():

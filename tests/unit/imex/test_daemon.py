@@ -1,17 +1,27 @@
 """The IMEX daemon's supervision with the simulated ``nvidia-imex``: READY when every listed
 peer is up, restart on crash with backoff and on a config change, the daemon's words in the
-readiness answer, a leftover daemon of a killed agent replaced, never duplicated."""
+readiness answer, a leftover daemon of a killed agent replaced, never duplicated (also one
+that no pid file names)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import anyio
 import pytest
 
-from agent.imex.daemon import CONFIG_FILE, NODES_FILE, PID_FILE, DaemonStatus, ImexDaemon
+from agent.imex.daemon import (
+    CONFIG_FILE,
+    NODES_FILE,
+    PID_FILE,
+    DaemonStatus,
+    ImexDaemon,
+    leftover_daemons,
+)
 from agent.imex.simulated import install_tools
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +130,41 @@ async def test_a_missing_daemon_command_is_reported(tmp_path: Path) -> None:
         assert not ready and "cannot start /nonexistent/nvidia-imex" in said
         group.cancel_scope.cancel()
     assert signal.SIGTERM  # the module's imports stay used
+
+
+async def test_a_daemon_no_pid_file_names_is_found_by_its_command_line(tmp_path: Path) -> None:
+    """An agent killed between starting the daemon and writing ``imex.pid`` (crash point
+    ``after-imex-daemon-spawn``) leaves a daemon no file names: the next start stops it instead
+    of running a second one; a process of the same config that is no daemon (an
+    ``nvidia-imex-ctl -q``) is left alone."""
+    daemon = daemon_for(tmp_path, "a", [])
+    tools = install_tools(tmp_path / "a" / "driver-root", tmp_path / "fabric", "a")
+    daemon.configure(DOMAIN, "10.0.0.1", ["10.0.0.1"])
+    config = daemon.config_path(DOMAIN)
+    orphan = await anyio.open_process(
+        [str(tools["nvidia-imex"]), "-c", str(config)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    query = await anyio.open_process(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-c", str(config), "-q"]
+    )
+    try:
+        assert not (config.parent / PID_FILE).exists()
+        assert leftover_daemons(config.parent) == [orphan.pid]
+        async with anyio.create_task_group() as group:
+            await group.start(daemon.run)
+            assert (await daemon.wait_ready(DOMAIN, 10))[0]
+            with anyio.fail_after(10):
+                await orphan.wait()  # stopped
+            assert leftover_daemons(config.parent) == [daemon.status.pid]
+            assert query.returncode is None, "only daemons are stopped"
+            await daemon.stop(DOMAIN)
+            assert leftover_daemons(config.parent) == []
+            group.cancel_scope.cancel()
+    finally:
+        for process in (orphan, query):
+            if process.returncode is None:
+                process.kill()
+            await process.wait()

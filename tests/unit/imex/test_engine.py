@@ -1,10 +1,13 @@
 """The channel engine in process, against the embedded API server over HTTP and the simulated
 IMEX tools: its spans (imex.channel.attach, imex.daemon.configure, imex.daemon.wait_ready
 under claim.prepare), its metrics, the Events on the domain, the refusal of a claim from a
-node without a clique, and the recorded answer on the kubelet's retry."""
+node without a clique, the recorded answer on the kubelet's retry, and what a start removes of
+what a killed agent left."""
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,14 +16,17 @@ import anyio
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agent.imex.cdi import channel_spec
 from agent.imex.config import DRIVER, ChannelConfig
-from agent.imex.daemon import ImexDaemon
+from agent.imex.daemon import CONFIG_FILE, ImexDaemon
 from agent.imex.domains import DomainApi, node_entries
 from agent.imex.engine import ChannelEngine
 from agent.imex.fabric import Clique
 from agent.imex.metrics import daemon_changed
 from agent.imex.simulated import add_channel_major, install_tools
 from agent.kube.claims import ApiClaimReader
+from agent.node.cdi import CdiSpecDirectory
+from agent.node.durable import is_temporary, write_atomic
 from agent.node.types import ClaimRef
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
@@ -142,3 +148,56 @@ async def test_a_node_without_a_clique_refuses_with_the_reason(
     assert "cannot join a ComputeDomain: no usable fabric clique: GPU 0" in result.error
     assert engine.claims == {}
     await reader.close()
+
+
+async def test_start_removes_what_no_completed_claim_owns(tmp_path: Path, api_client: Any) -> None:
+    """What a killed agent leaves: the temporary of a checkpoint write, the spec of a claim
+    still ``PrepareStarted`` (its retry writes it again) and the directory and daemon of a
+    domain no entry serves go at the next start; the ``PrepareStarted`` entry and its
+    domain's directory stay (the kubelet's retry finishes it, or its unprepare undoes it)."""
+    served, unserved = (
+        "0b6f5f2e-8d6a-4b7e-9a31-2f1c7d9e4a10",
+        "7c1e0a9d-3b2f-4e6a-8d5c-1f0e9a8b7c6d",
+    )
+    claim_uid = "5d3c2b1a-0f9e-4d8c-b7a6-543210fedcba"
+    plugin_dir = tmp_path / "plugins" / DRIVER
+    entry = {
+        "uid": claim_uid, "namespace": "default", "name": "c", "request": "channel",
+        "domain_namespace": "default", "domain_name": "cd", "domain_uid": served,
+        "mode": "Single", "state": "PrepareStarted",
+    }  # fmt: skip
+    document = {
+        "kind": "ComputeDomainChannelCheckpoint",
+        "version": 1,
+        "claims": {claim_uid: entry},
+    }
+    plugin_dir.mkdir(parents=True)
+    write_atomic(plugin_dir / "checkpoint.json", json.dumps(document).encode())
+    for directory in (plugin_dir, plugin_dir / "domains" / served):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / ".checkpoint.json.tmp-0123456789abcdef").write_text("{")
+    specs = CdiSpecDirectory(tmp_path / "cdi", DRIVER)
+    specs.write_claim(claim_uid, channel_spec(DRIVER, claim_uid, "channel-0", (0,), 236))
+    config = plugin_dir / "domains" / unserved / CONFIG_FILE
+    config.parent.mkdir(parents=True)
+    config.write_text("")
+    leftover = await anyio.open_process(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-c", str(config)],
+        start_new_session=True,
+    )
+    try:
+        engine, reader = await make_engine(tmp_path, api_client)
+        with anyio.fail_after(10):
+            await leftover.wait()  # stopped
+        assert [c.state for c in engine.claims.values()] == ["PrepareStarted"]
+        assert specs.claim_uids() == set()
+        assert sorted(p.name for p in (plugin_dir / "domains").iterdir()) == [served]
+        temporaries = [
+            p for d in (plugin_dir, plugin_dir / "domains" / served) for p in d.iterdir()
+        ]
+        assert not [p for p in temporaries if is_temporary(p.name)]
+        await reader.close()
+    finally:
+        if leftover.returncode is None:
+            leftover.kill()
+        await leftover.wait()
