@@ -47,20 +47,46 @@ DurableCrashPoint = Literal["write-after-temp", "write-after-rename"]
 #: After one write of a ResourceSlice publish pass (``agent.kube.publisher``), before the
 #: rest of the pass. Subject: the verb (``create``, ``update``, ``delete``).
 PublishCrashPoint = Literal["slice-publish-after-write"]
+#: The steps of attaching a ComputeDomain's IMEX channel (``agent.imex``, the second driver):
+#: the ``PrepareStarted`` record; the node's entry in the domain's ``status.nodes``; the
+#: daemon's rendered config; the daemon's process spawned (its pid not yet recorded) and
+#: recorded (``imex.pid``); the node reported Ready in the domain; the channel's CDI spec; the
+#: ``PrepareCompleted`` record. Unprepare of the node's last claim of a domain: the daemon
+#: stopped (its directory removed); the node's entry removed; the claim's spec removed.
+ImexCrashPoint = Literal[
+    "after-channel-prepare-started",
+    "after-domain-join",
+    "after-imex-config",
+    "after-imex-daemon-spawn",
+    "after-imex-daemon-start",
+    "after-domain-ready",
+    "after-channel-cdi-write",
+    "after-channel-prepare-completed",
+    "channel-unprepare-after-daemon-stop",
+    "channel-unprepare-after-domain-leave",
+    "channel-unprepare-after-cdi-remove",
+]
 CrashPoint = Literal[
-    EngineCrashPoint, MigCrashPoint, SharingCrashPoint, DurableCrashPoint, PublishCrashPoint
+    EngineCrashPoint,
+    MigCrashPoint,
+    SharingCrashPoint,
+    DurableCrashPoint,
+    PublishCrashPoint,
+    ImexCrashPoint,
 ]
 CRASH_POINTS: Final[tuple[EngineCrashPoint, ...]] = get_args(EngineCrashPoint)
 MIG_CRASH_POINTS: Final[tuple[MigCrashPoint, ...]] = get_args(MigCrashPoint)
 SHARING_CRASH_POINTS: Final[tuple[SharingCrashPoint, ...]] = get_args(SharingCrashPoint)
 DURABLE_CRASH_POINTS: Final[tuple[DurableCrashPoint, ...]] = get_args(DurableCrashPoint)
 PUBLISH_CRASH_POINTS: Final[tuple[PublishCrashPoint, ...]] = get_args(PublishCrashPoint)
+IMEX_CRASH_POINTS: Final[tuple[ImexCrashPoint, ...]] = get_args(ImexCrashPoint)
 ALL_CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (
     *CRASH_POINTS,
     *MIG_CRASH_POINTS,
     *SHARING_CRASH_POINTS,
     *DURABLE_CRASH_POINTS,
     *PUBLISH_CRASH_POINTS,
+    *IMEX_CRASH_POINTS,
 )
 EXIT_STATUS: Final = 137
 

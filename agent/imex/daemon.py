@@ -40,6 +40,7 @@ from pathlib import Path
 import anyio
 from anyio.abc import Process, TaskStatus
 
+from agent.crash import crash_point
 from agent.node.durable import write_atomic
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class ImexDaemon:
             if not same:
                 write_atomic(path, text.encode())
                 changed = True
+        crash_point("after-imex-config")
         if changed or self.status.domain != domain:
             self.status.domain = domain
             self.status.state = "starting"  # readiness waits for the daemon of this config
@@ -257,7 +259,9 @@ class ImexDaemon:
             log.error("cannot start the IMEX daemon %s: %s", command[0], error)
             return f"cannot start: {error}"
         self._process = process
+        crash_point("after-imex-daemon-spawn")
         write_atomic(config.parent / PID_FILE, f"{process.pid}\n".encode())
+        crash_point("after-imex-daemon-start")
         self.status.pid = process.pid
         self._set("running", "start")
         log.info(
@@ -337,7 +341,7 @@ def leftover_daemons(directory: Path) -> list[int]:
     zombie) whose command line ends with ``-c <directory>/imexd.cfg``, as the agent starts
     the daemon (``nvidia-imex-ctl``'s ends with ``-q``). Found by their command line, not by
     the pid file: an agent killed between starting the daemon and recording its pid leaves a
-    daemon no pid file names."""
+    daemon no pid file names (the crash point ``after-imex-daemon-spawn``)."""
     tail = [b"-c", str(directory / CONFIG_FILE).encode()]
     found = []
     for entry in Path("/proc").iterdir():

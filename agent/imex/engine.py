@@ -24,7 +24,10 @@ Prepare of one claim (claims of a request one after another, under one lock):
    record ``PrepareCompleted``.
 
 Unprepare of the node's last claim of a domain stops the daemon and removes the node's entry.
-At start the engine keeps a ``PrepareStarted`` entry (the kubelet's retry finishes it, or its
+The steps of both end at the crash points ``ImexCrashPoint`` of ``agent.crash``: the crash
+matrix kills the agent at each and checks that the restart and the kubelet's retry leave one
+daemon, one ``status.nodes`` entry and one CDI spec per prepared domain, none otherwise. At
+start the engine keeps a ``PrepareStarted`` entry (the kubelet's retry finishes it, or its
 unprepare undoes it) and stops the daemon of a domain no entry serves.
 
 While a domain is served, :meth:`ChannelEngine.run` follows it every second: a node that
@@ -48,6 +51,7 @@ import anyio
 from anyio.abc import TaskStatus
 from opentelemetry import trace
 
+from agent.crash import crash_point
 from agent.dra import cdi as dra_cdi
 from agent.dra.config import ConfigError, parse_allocation
 from agent.errors import AgentError
@@ -284,6 +288,7 @@ class ChannelEngine:
             domain.namespace, domain.name, domain.uid, str(config.allocation_mode), STARTED,
         )  # fmt: skip
         await self._record(entry)
+        crash_point("after-channel-prepare-started")
         with tracer().start_as_current_span("imex.channel.attach") as span:
             channels = channels_for(config.allocation_mode)
             span.set_attributes(
@@ -299,6 +304,7 @@ class ChannelEngine:
                 joined, added = await self._domains.join(
                     domain, self.node_name, self.node_ip, self.clique.clique
                 )
+            crash_point("after-domain-join")
             span.set_attribute("imex.node.index", joined.index)
             if added:
                 metrics.domain_change("join")
@@ -317,9 +323,12 @@ class ChannelEngine:
                 raise ChannelRefused(f"{subject}: {domain}: {said} (retried by the kubelet)")
             with _status_write(subject, domain, "reporting its daemon ready"):
                 await self._report(domain, True, said)
+            crash_point("after-domain-ready")
             entry = ChannelClaim(**{**asdict(entry), "state": COMPLETED})
             await anyio.to_thread.run_sync(self._write_spec, entry)
+            crash_point("after-channel-cdi-write")
             await self._record(entry)
+            crash_point("after-channel-prepare-completed")
         return self._answer(entry)
 
     async def _configure(self, domain: DomainRef, *, traced: bool = True) -> None:
@@ -415,13 +424,16 @@ class ChannelEngine:
         ]
         if not others:  # the node's last claim of the domain
             await self.daemon.stop(entry.domain_uid)
+            crash_point("channel-unprepare-after-daemon-stop")
             if await self._domains.leave(entry.domain, self.node_name):
                 metrics.domain_change("leave")
                 await self._domains.event(
                     entry.domain, "Normal", "NodeLeft", f"node {self.node_name} left"
                 )
+            crash_point("channel-unprepare-after-domain-leave")
             self._reported = None
         await anyio.to_thread.run_sync(self._specs.remove_claim, entry.uid)
+        crash_point("channel-unprepare-after-cdi-remove")
         claims = {uid: c for uid, c in self.claims.items() if uid != entry.uid}
         await anyio.to_thread.run_sync(self._save, claims)
         self.claims = claims

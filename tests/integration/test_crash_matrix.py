@@ -19,12 +19,26 @@ node (:class:`Node`):
 - slices: this node's pool in the embedded API server is whole (one generation, every
   slice of it), no device is published twice, and the devices are those of a clean start.
 
+The IMEX channel attach of the second driver (``compute-domain.nvidia.com``, the points of
+``ImexCrashPoint``) runs on a second node, ``tray-m``: a ``run --simulate gb200-nvl72-tray
+--compute-domains on`` agent with its own kubelet emulator and a ComputeDomain stored in the
+same API server (no controller: the claim's allocation is hand-written, as the soak's), killed
+at the point during a channel prepare or unprepare and checked as a whole by :class:`Tray`:
+the claim is prepared after the retry (unprepared at the end) and its CDI spec is the one its
+checkpoint entry implies, exactly one simulated IMEX daemon process runs (a scan of ``/proc``)
+while the node serves the domain and none otherwise, none of the killed agent's daemons
+survives the restart, the domain's ``status.nodes`` holds this node's entry once while a claim
+is prepared and not at all after the unprepare, and no temporary is left.
+
 docs/RELIABILITY.md is the readable table of the same scenarios.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -37,12 +51,22 @@ import pytest
 from agent.crash import ALL_CRASH_POINTS, ENV_VAR, EXIT_STATUS, CrashPoint
 from agent.dra.cdi import claim_spec_file_name
 from agent.hardware.simulated.tools import read_timeslices
+from agent.imex.cdi import channel_spec, channels_for
+from agent.imex.config import DRIVER as CD_DRIVER
+from agent.imex.config import AllocationMode
+from agent.imex.daemon import CONFIG_FILE, PID_FILE
+from agent.imex.domains import CONDITION_PREFIX, NodeEntry, node_entries
+from agent.imex.fabric import CHANNEL_DEVICE
+from agent.imex.wiring import SIM_CHANNELS_MAJOR
+from agent.node.cdi import SpecStatus
 from agent.node.checkpoint import ClaimState, PreparedClaim, from_dict
 from agent.node.checkpoint_store import FILE_NAME as CHECKPOINT_FILE
 from agent.node.durable import is_temporary
 from agent.sharing.mps import daemons_of
-from agent.sim.kubelet import ClaimRef, DraCallError
+from agent.sim.kubelet import ClaimRef, DraCallError, KubeletEmulator
 from agent.sim.state_cli import read_state
+from tests.integration.compute_domains import TRAY, Cluster
+from tests.integration.compute_domains import Node as ClusterNode
 from tests.integration.conftest import (
     DRIVER,
     NODE,
@@ -60,7 +84,7 @@ CLAIM_SPECS = claim_spec_file_name(DRIVER, "00000000-0000-0000-0000-000000000000
 )
 MIG_STARTED = "PrepareStarted no-spec intents=mig"
 SHARING_STARTED = "PrepareStarted no-spec intents=sharing"
-Kind = Literal["gpu", "mig", "time-slicing", "mps", "mig-mps", "slices", "slices-static"]
+Kind = Literal["gpu", "mig", "time-slicing", "mps", "mig-mps", "slices", "slices-static", "channel"]
 Phase = Literal["prepare", "unprepare", "start"]
 
 
@@ -77,7 +101,10 @@ class Scenario:
     what: str = ""  # what the crash interrupts, for the test id and docs/RELIABILITY.md
     #: What the crash leaves of the claim (:meth:`Node.left`): its checkpoint state
     #: (``a|b``: either, the writes of a prepare overlap), ``spec``/``no-spec`` (``spec?``:
-    #: either), ``temporary`` (``temporary?``: maybe; absent: none) and its intents.
+    #: either), ``temporary`` (``temporary?``: maybe; absent: none) and its intents. For a
+    #: channel claim :meth:`Tray.left`, exactly: its checkpoint state, its spec, this node's
+    #: entry in the domain (``member=absent|NotReady|Ready``), whether the daemon's config and
+    #: pid file exist, and how many daemon processes run.
     left: str = ""
 
     @property
@@ -159,13 +186,80 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario("slice-publish-after-write", "slices", "start", "create", 2, "after-a-wipe"),
     Scenario("slice-publish-after-write", "slices-static", "start", what="layout-change"),
+    Scenario(
+        "after-channel-prepare-started",
+        "channel",
+        "prepare",
+        left="PrepareStarted no-spec member=absent no-config no-pid daemons=0",
+    ),
+    Scenario(
+        "after-domain-join",
+        "channel",
+        "prepare",
+        left="PrepareStarted no-spec member=NotReady no-config no-pid daemons=0",
+    ),
+    Scenario(
+        "after-imex-config",
+        "channel",
+        "prepare",
+        left="PrepareStarted no-spec member=NotReady config no-pid daemons=0",
+    ),
+    Scenario(
+        "after-imex-daemon-spawn",
+        "channel",
+        "prepare",
+        left="PrepareStarted no-spec member=NotReady config no-pid daemons=1",
+    ),
+    Scenario(
+        "after-imex-daemon-start",
+        "channel",
+        "prepare",
+        left="PrepareStarted no-spec member=NotReady config pid daemons=1",
+    ),
+    Scenario(
+        "after-domain-ready",
+        "channel",
+        "prepare",
+        left="PrepareStarted no-spec member=Ready config pid daemons=1",
+    ),
+    Scenario(
+        "after-channel-cdi-write",
+        "channel",
+        "prepare",
+        left="PrepareStarted spec member=Ready config pid daemons=1",
+    ),
+    Scenario(
+        "after-channel-prepare-completed",
+        "channel",
+        "prepare",
+        left="PrepareCompleted spec member=Ready config pid daemons=1",
+    ),
+    Scenario(
+        "channel-unprepare-after-daemon-stop",
+        "channel",
+        "unprepare",
+        left="PrepareCompleted spec member=Ready no-config no-pid daemons=0",
+    ),
+    Scenario(
+        "channel-unprepare-after-domain-leave",
+        "channel",
+        "unprepare",
+        left="PrepareCompleted spec member=absent no-config no-pid daemons=0",
+    ),
+    Scenario(
+        "channel-unprepare-after-cdi-remove",
+        "channel",
+        "unprepare",
+        left="PrepareCompleted no-spec member=absent no-config no-pid daemons=0",
+    ),
 )
 
 
 def _parameters() -> list[Any]:
-    """One parameter per scenario, plus one per crash point that has none (it fails)."""
+    """One parameter per scenario of the GPU node, plus one per crash point that has no
+    scenario at all (it fails); the channel scenarios are :func:`test_channel_crash_point`'s."""
     covered = {s.point for s in SCENARIOS}
-    return [pytest.param(s.point, s, id=s.id) for s in SCENARIOS] + [
+    return [pytest.param(s.point, s, id=s.id) for s in SCENARIOS if s.kind != "channel"] + [
         pytest.param(p, None, id=f"{p}-NO-SCENARIO") for p in ALL_CRASH_POINTS if p not in covered
     ]
 
@@ -357,6 +451,208 @@ class Node:
             raise AssertionError(self._pool_difference(self.expected_devices[True])) from None
 
 
+TRAY_NODE = "tray-m"
+CHANNEL_SETTLE_S = 20.0  # the restarted agent replaces the daemon in the background
+
+
+class Tray:
+    """The channel scenarios' node (module docstring): a ``gb200-nvl72-tray`` agent serving
+    ``compute-domain.nvidia.com``, its kubelet emulator, and one stored ComputeDomain."""
+
+    def __init__(self, cluster: Cluster, node: ClusterNode, domain: dict[str, Any]) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.domain = domain
+        self.domain_uid: str = domain["metadata"]["uid"]
+        self.claims = 0
+
+    # -- the agent -------------------------------------------------------------------------
+
+    async def start(self, armed: str | None = None) -> None:
+        await self.cluster.start(self.node, env={ENV_VAR: armed} if armed else None)
+
+    async def stop(self) -> None:
+        process = self.node.process
+        if process is not None and process.returncode is None:
+            assert await self.cluster.stop(self.node) == 0, self.node.log()
+
+    async def crashed(self, scenario: Scenario) -> None:
+        process = self.node.process
+        assert process is not None
+        with anyio.fail_after(20):
+            assert await process.wait() == EXIT_STATUS, self.node.log()
+        assert f"crashing at {scenario.point}" in self.node.log(), self.node.log()
+
+    async def clean(self) -> None:
+        """Unprepare what a failed scenario left prepared, so that it fails alone."""
+        left = self.node.checkpoint()
+        if not left:
+            return
+        await self.start()
+        refs = [ClaimRef(namespace=c["namespace"], uid=u, name=c["name"]) for u, c in left.items()]
+        await self.node.kubelet.unprepare(CD_DRIVER, refs)
+        await self.stop()
+
+    async def claim(self) -> ClaimRef:
+        self.claims += 1
+        return await self.cluster.hand_claim(self.node, f"m-channel-{self.claims}", self.domain)
+
+    # -- what the node holds ----------------------------------------------------------------
+
+    @property
+    def domains_dir(self) -> Path:
+        return self.node.plugin_dir / "domains"
+
+    def daemons(self) -> dict[int, Path]:
+        """Live simulated IMEX daemons (pid -> config) started for this node's domain
+        directories, found in ``/proc`` by their command line (``nvidia-imex ... -c CONFIG``;
+        the ``/bin/sh`` wrapper before its ``exec`` counts too), whoever started them."""
+        root = f"{self.domains_dir}/"
+        found: dict[int, Path] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdecimal():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                state = (entry / "stat").read_text().split(") ", 1)[1][0]
+            except (OSError, IndexError):
+                continue
+            if state == "Z" or not any(Path(a).name == "nvidia-imex" for a in argv):
+                continue
+            config = argv[argv.index("-c") + 1] if "-c" in argv[:-1] else ""
+            if config.startswith(root):
+                found[int(entry.name)] = Path(config)
+        return found
+
+    def entries(self) -> list[NodeEntry]:
+        """This node's entries in the domain's ``status.nodes`` (at most one is right)."""
+        stored = self.cluster.domain(self.domain["metadata"]["name"])
+        return [e for e in node_entries(stored) if e.name == TRAY_NODE]
+
+    def conditions(self) -> list[dict[str, Any]]:
+        stored = self.cluster.domain(self.domain["metadata"]["name"])
+        conditions = (stored.get("status") or {}).get("conditions") or []
+        return [c for c in conditions if c.get("type") == CONDITION_PREFIX + TRAY_NODE]
+
+    def temporaries(self) -> list[Path]:
+        roots = [self.node.plugin_dir, self.node.root / "cdi"]
+        if self.domains_dir.is_dir():
+            roots += [p for p in self.domains_dir.iterdir() if p.is_dir()]
+        return [p for d in roots if d.is_dir() for p in d.iterdir() if is_temporary(p.name)]
+
+    def left(self, uid: str) -> str:
+        """What a crash left (:attr:`Scenario.left` of a channel scenario)."""
+        claim = self.node.checkpoint().get(uid)
+        words = [claim["state"] if claim is not None else "absent"]
+        words.append("spec" if uid in self.node.cdi.claim_uids() else "no-spec")
+        entries = self.entries()
+        assert len(entries) <= 1, f"{TRAY_NODE} is in status.nodes {len(entries)} times"
+        words.append("member=" + (entries[0].status if entries else "absent"))
+        directory = self.node.domain_dir(self.domain_uid)
+        words.append("config" if (directory / CONFIG_FILE).is_file() else "no-config")
+        words.append("pid" if (directory / PID_FILE).is_file() else "no-pid")
+        words.append(f"daemons={len(self.daemons())}")
+        if self.temporaries():
+            words.append("temporary")
+        return " ".join(words)
+
+    # -- the checks ------------------------------------------------------------------------
+
+    async def check(
+        self,
+        kubelet_view: set[str],
+        in_flight: str | None = None,
+        killed: frozenset[int] = frozenset(),
+    ) -> None:
+        """The module docstring's channel checks; ``in_flight`` is the claim whose call the
+        crash interrupted (its entry, spec and membership may differ until the retry) and
+        ``killed`` the daemons that ran when the agent died (none may survive the restart)."""
+        claims = self.node.checkpoint()
+        completed = {u for u, c in claims.items() if c["state"] == "PrepareCompleted"}
+        started = set(claims) - completed
+        assert started <= {in_flight}, f"claims left PrepareStarted: {started}"
+        assert completed ^ kubelet_view <= {in_flight}, (completed, kubelet_view, in_flight)
+        specs = self.node.cdi
+        assert specs.claim_uids() == completed, "CDI specs and completed entries disagree"
+        for uid in completed:
+            mode = AllocationMode(claims[uid]["mode"])
+            spec = channel_spec(
+                CD_DRIVER, uid, CHANNEL_DEVICE, channels_for(mode), SIM_CHANNELS_MAJOR
+            )
+            status = specs.status(specs.claim_path(uid), spec)
+            assert status is SpecStatus.MATCHES, f"{uid}: its CDI spec {status.value}"
+        assert not self.temporaries(), f"temporaries left: {self.temporaries()}"
+
+        served = {c["domain_uid"] for c in claims.values()}
+        wanted = {self.node.domain_dir(d) / CONFIG_FILE for d in served}
+        with anyio.move_on_after(CHANNEL_SETTLE_S):
+            while True:
+                found = self.daemons()
+                pid_files = {
+                    int(t) if (t := _text(config.parent / PID_FILE).strip()).isdecimal() else 0
+                    for config in wanted
+                }
+                if (
+                    sorted(found.values()) == sorted(wanted)
+                    and not set(found) & killed
+                    and pid_files == set(found)
+                ):
+                    break
+                await anyio.sleep(0.1)
+        assert sorted(found.values()) == sorted(wanted), (
+            f"IMEX daemons {found}: wanted one for each of {sorted(wanted)}\n{self.node.log()}"
+        )
+        assert not set(found) & killed, f"daemons of the killed agent survive: {found}"
+        assert pid_files == set(found), f"pid files {pid_files}, daemons {found}"
+        directories = (
+            {p.name for p in self.domains_dir.iterdir()} if self.domains_dir.is_dir() else set()
+        )
+        assert directories <= served, f"directories of domains not served: {directories - served}"
+
+        entries = self.entries()
+        assert len(entries) <= 1, f"{TRAY_NODE} is in status.nodes {len(entries)} times"
+        if in_flight is None:  # after the retry: a member exactly while a claim is prepared
+            assert len(entries) == (1 if completed else 0), (entries, completed)
+            assert all(e.status == "Ready" for e in entries), entries
+            assert len(self.conditions()) == len(entries), self.conditions()
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+async def tray(fresh_harness: AgentHarness) -> AsyncIterator[Tray]:
+    """The channel scenarios' node, in the matrix's API server; no agent running yet."""
+    server = fresh_harness.server
+    root = fresh_harness.workdir / "tray"
+    root.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(root, server)
+    server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": TRAY_NODE}})
+    async with KubeletEmulator(
+        root / TRAY_NODE / "registry",
+        node_name=TRAY_NODE,
+        poll_interval=0.05,
+        api_access=cluster.api,
+    ) as kubelet:
+        node = ClusterNode(TRAY_NODE, root / TRAY_NODE, kubelet, TRAY)
+        node.root.mkdir(parents=True, exist_ok=True)
+        cluster.nodes[TRAY_NODE] = node
+        tray = Tray(cluster, node, cluster.put_domain("crash-matrix"))
+        try:
+            yield tray
+        finally:
+            process = node.process
+            if process is not None and process.returncode is None:
+                await cluster.stop(node)
+            for pid in tray.daemons():  # what a failed scenario left
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 async def node(fresh_harness: AgentHarness) -> AsyncIterator[Node]:
     """Learn what a clean start publishes (without and with dynamic MIG); the checkpoint
@@ -439,6 +735,44 @@ async def _publish_scenario(node: Node, scenario: Scenario) -> None:
     await node.check(set())
 
 
+async def _channel_scenario(tray: Tray, scenario: Scenario) -> None:
+    cluster, node = tray.cluster, tray.node
+    unprepare = scenario.phase == "unprepare"
+    await tray.start(None if unprepare else scenario.armed)
+    ref = await tray.claim()
+    view: set[str] = set()  # the claims the kubelet believes prepared
+    if unprepare:  # prepared by a clean agent: the armed one counts from the unprepare
+        assert not (answer := await cluster.prepare(node, ref))["error"], answer
+        view.add(ref.uid)
+        await tray.check(view)
+        await tray.stop()
+        await tray.start(scenario.armed)
+    with pytest.raises(DraCallError):
+        if unprepare:
+            await node.kubelet.unprepare(CD_DRIVER, [ref])
+        else:
+            await node.kubelet.prepare(CD_DRIVER, [ref])
+    await tray.crashed(scenario)
+    killed = frozenset(tray.daemons())
+    assert tray.left(ref.uid) == scenario.left, node.log()
+    await tray.start()
+    await tray.check(view, in_flight=ref.uid, killed=killed)  # startup repaired what it left
+
+    if not unprepare:  # the kubelet's retry, then the pod ends
+        answer = await cluster.prepare(node, ref)
+        assert not answer["error"], f"{answer}\n{node.log()}"
+        assert [d["device_name"] for d in answer["devices"]] == [CHANNEL_DEVICE]
+        view.add(ref.uid)
+        await tray.check(view)
+    assert not (answer := await cluster.unprepare(node, ref))["error"], answer
+    view.discard(ref.uid)
+    await tray.check(view)
+    assert node.checkpoint() == {} and node.cdi.claim_uids() == set()
+    await tray.stop()
+    assert tray.daemons() == {}, "a daemon outlives the stopped agent"
+    await cluster.delete_claims()
+
+
 @pytest.mark.parametrize(("point", "scenario"), _parameters())
 async def test_crash_point(node: Node, point: str, scenario: Scenario | None) -> None:
     assert scenario is not None, (
@@ -450,6 +784,20 @@ async def test_crash_point(node: Node, point: str, scenario: Scenario | None) ->
         await _publish_scenario(node, scenario)
     else:
         await _claim_scenario(node, scenario)
+
+
+@pytest.mark.parametrize(
+    "scenario", [pytest.param(s, id=s.id) for s in SCENARIOS if s.kind == "channel"]
+)
+async def test_channel_crash_point(
+    fresh_harness: AgentHarness, tray: Tray, scenario: Scenario
+) -> None:
+    gpu_agent = fresh_harness.agent  # the GPU node's, left running by the last GPU scenario
+    if gpu_agent is not None and gpu_agent.returncode is None:
+        assert await gpu_agent.stop() == 0, gpu_agent.log()
+    await tray.stop()
+    await tray.clean()
+    await _channel_scenario(tray, scenario)
 
 
 def test_the_table_in_reliability_md_lists_every_scenario() -> None:
