@@ -37,7 +37,7 @@ import anyio
 from agent.dra.config import API_VERSION
 from agent.errors import AgentError
 from agent.imex.config import DRIVER, AllocationMode, ChannelConfig
-from agent.imex.domains import DomainApi, domain_ref, node_entries
+from agent.imex.domains import DomainApi, DomainRef, domain_ref, node_entries
 from agent.kube.rawapi import ApiStatusError
 
 log = logging.getLogger("agent.imex.controller")
@@ -173,6 +173,8 @@ class Controller:
         self.resync_seconds = resync_seconds
         self._renewed = 0.0
         self._waiting: set[str] = set()
+        #: Domains (uids) whose template create got no answer: it may have been stored.
+        self._unanswered: set[str] = set()
 
     async def run(self) -> None:
         log.info("waiting to lead", extra={"identity": self.identity, "lease": LEASE_NAME})
@@ -257,6 +259,24 @@ class Controller:
                 if error.code not in (404, 409):  # gone or changed: the next pass sees it
                     raise
 
+    async def _template_made(self, ref: DomainRef, name: str, domain: Obj) -> bool:
+        """Create the domain's template if it is missing; True when this controller made it,
+        also when its create got no answer but was stored (found on the next pass): the
+        TemplateCreated Event is then posted once, on that pass."""
+        if await self.api.get_template(ref.namespace, name) is not None:
+            made = ref.uid in self._unanswered
+            self._unanswered.discard(ref.uid)
+            return made
+        try:
+            await self.api.create_template(ref.namespace, channel_template(domain))
+        except ApiStatusError:
+            raise  # answered: not stored
+        except Exception:
+            self._unanswered.add(ref.uid)  # a timeout or a lost connection: stored or not
+            raise
+        self._unanswered.discard(ref.uid)
+        return True
+
     async def reconcile(self, domain: Obj) -> None:
         meta = domain["metadata"]
         ref = domain_ref(domain)
@@ -283,8 +303,7 @@ class Controller:
         if FINALIZER not in finalizers:
             meta["finalizers"] = [*finalizers, FINALIZER]
             domain = await self.api.replace(domain)
-        if template_name and await self.api.get_template(ref.namespace, template_name) is None:
-            await self.api.create_template(ref.namespace, channel_template(domain))
+        if template_name and await self._template_made(ref, template_name, domain):
             log.info(
                 "created ResourceClaimTemplate %s/%s for %s", ref.namespace, template_name, ref
             )

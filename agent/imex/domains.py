@@ -24,9 +24,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import aiohttp
 import anyio
 
 from agent.errors import AgentError
+from agent.kube.backoff import Backoff
+from agent.kube.events import RETRYABLE_STATUSES
 from agent.kube.rawapi import ApiStatusError
 
 log = logging.getLogger(__name__)
@@ -36,6 +39,8 @@ GROUP, VERSION, PLURAL, KIND = "resource.nvidia.com", "v1beta1", "computedomains
 API_VERSION = f"{GROUP}/{VERSION}"
 CONDITION_PREFIX = "IMEXDaemonReady."
 NodeStatus = Literal["Ready", "NotReady"]
+#: Posts of one Event about a domain at most (the first and its retries of transient failures).
+EVENT_ATTEMPTS = 3
 
 
 class DomainError(AgentError):
@@ -359,7 +364,11 @@ class DomainApi:
     # -- events ---------------------------------------------------------------------------
 
     async def event(self, ref: DomainRef, type_: str, reason: str, message: str) -> None:
-        """Post an Event about the domain in its namespace (best effort: logged on failure)."""
+        """Post an Event about the domain in its namespace (best effort: logged on failure).
+
+        A throttled or failed post (429, 5xx, a dropped connection) is posted again, up to
+        :data:`EVENT_ATTEMPTS` times, as the node's Events are (:mod:`agent.kube.events`); one
+        without an answer in time is not: the server may have stored it."""
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -379,10 +388,20 @@ class DomainApi:
             "lastTimestamp": now(),
             "count": 1,
         }
-        try:
-            await self._call(self._core.create_namespaced_event, ref.namespace, body)
-        except Exception as error:  # Events are best effort
-            log.warning("could not post Event %s about %s: %s", reason, ref, error)
+        backoff = Backoff(initial=0.25, maximum=1.0)
+        for attempt in range(1, EVENT_ATTEMPTS + 1):
+            try:
+                await self._call(self._core.create_namespaced_event, ref.namespace, body)
+                return
+            except Exception as error:  # Events are best effort
+                again = not isinstance(error, TimeoutError) and (
+                    isinstance(error, aiohttp.ClientError)
+                    or (isinstance(error, ApiStatusError) and error.code in RETRYABLE_STATUSES)
+                )
+                if not again or attempt == EVENT_ATTEMPTS:
+                    log.warning("could not post Event %s about %s: %s", reason, ref, error)
+                    return
+            await anyio.sleep(backoff.next_delay())
 
     # -- plumbing -------------------------------------------------------------------------
 
