@@ -1,4 +1,4 @@
-"""The node's IMEX daemon: rendered config, a supervised child process, readiness.
+"""The node's IMEX daemon: rendered config, a supervised process, readiness, adoption.
 
 One node serves one ComputeDomain at a time, so the agent runs at most one daemon. Its files
 live in ``<plugins-dir>/compute-domain.nvidia.com/domains/<domain uid>/``:
@@ -7,24 +7,42 @@ live in ``<plugins-dir>/compute-domain.nvidia.com/domains/<domain uid>/``:
   address this node's daemon binds and the ports;
 - ``nodes_config.cfg``: the addresses of the domain's nodes in this node's clique, one a line,
   in index order;
-- ``imex.pid``: the running daemon's pid (for people and tools). An agent restarted after
-  ``kill -9`` finds the daemon its predecessor left running by its command line (ending with
-  ``-c <this directory>/imexd.cfg``), not by this file: a kill between the daemon's start and
-  this file's write leaves a daemon no file names. It replaces it (never a second daemon);
+- ``imex.pid``: the running daemon's pid (for people and tools);
+- ``imex.started.json``: the record of the running daemon: its pid and the SHA-256 of the two
+  config files it was started with (written right after the start, before ``imex.pid``);
 - ``imex.log``: what the daemon prints (stdout and stderr). A file, not a pipe to the agent:
   a daemon writing into a pipe whose reader died with the agent would die of ``SIGPIPE``.
 
-:class:`ImexDaemon` runs the daemon as a child of the agent (``--imex-daemon-cmd -c
-imexd.cfg``, in a session of its own): every line it prints goes into the agent's log (the
-agent follows ``imex.log``); when
-it exits it is started again with exponential backoff (0.5 s doubling to 30 s, reset after a
-minute of running); when the rendered config changes (a node joined or left) it is stopped
-(SIGTERM, then SIGKILL after 5 s) and started with the new one. Readiness is what
-``nvidia-imex-ctl -c imexd.cfg -q`` says (``READY``), polled every 0.25 s.
+:class:`ImexDaemon` starts the daemon (``--imex-daemon-cmd -c imexd.cfg``) in a session of its
+own, so that it outlives the agent: every line it prints goes into the agent's log (the agent
+follows ``imex.log``); when it exits it is started again with exponential backoff (0.5 s
+doubling to 30 s, reset after a minute of running); when the rendered config changes (a node
+joined or left) it is stopped (SIGTERM, then SIGKILL after 5 s) and started with the new one.
+Readiness is what ``nvidia-imex-ctl -c imexd.cfg -q`` says (``READY``), polled every 0.25 s.
+
+A restarted agent (``kill -9``, a crash, an upgrade) **adopts** the daemon its predecessor
+left running when the caller says a completed claim still holds the domain (``configure(...,
+adopt=True)``), the rendered config is unchanged and the record names that daemon with the
+digest of that config: the daemon found in ``/proc`` by its command line (ending with ``-c
+<this directory>/imexd.cfg``; not by ``imex.pid``, which a kill right after the start has not
+written yet) is then watched without being the agent's child (a pidfd on the event loop, a
+check of ``/proc`` every :data:`POLL_S` where the kernel has none), its readiness reported
+and ``imex.log`` followed from its current end as before; if it dies it is restarted with
+backoff, and it is stopped on the last unprepare. A daemon restart would disrupt the IMEX
+domain of running multi-node jobs, which an agent restart must not do. Otherwise (no
+completed claim, a changed config: the domain's nodes changed while no agent ran, no record
+or another digest, two daemons) the leftover daemons are stopped and a new one started;
+never a second daemon for one config.
+
+When the agent stops (``run`` cancelled: SIGTERM, or a failed part bringing it down), the
+daemon is left running if ``keep(domain)`` says a prepared claim holds it, for the next agent
+to adopt, and stopped otherwise.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -32,13 +50,13 @@ import signal
 import subprocess
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
-from anyio.abc import Process, TaskStatus
+from anyio.abc import TaskStatus
 
 from agent.crash import crash_point
 from agent.node.durable import write_atomic
@@ -48,9 +66,12 @@ log = logging.getLogger(__name__)
 CONFIG_FILE = "imexd.cfg"
 NODES_FILE = "nodes_config.cfg"
 PID_FILE = "imex.pid"
+STARTED_FILE = "imex.started.json"
 LOG_FILE = "imex.log"
 #: How often the agent reads new lines of ``imex.log``.
 FOLLOW_INTERVAL_S = 0.1
+#: How often an adopted daemon is checked where the kernel has no pidfd.
+POLL_S = 0.5
 SERVER_PORT = 50000
 CMD_PORT = 50005
 STOP_GRACE_S = 5.0
@@ -77,6 +98,14 @@ def render_config(directory: Path, own_ip: str, peers: Sequence[str]) -> dict[st
     return {CONFIG_FILE: "\n".join(settings) + "\n", NODES_FILE: "".join(f"{p}\n" for p in peers)}
 
 
+def config_digest(files: Mapping[str, str]) -> str:
+    """The SHA-256 of a rendered config (file name -> text), as the record holds it."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(f"{name}\0{files[name]}\0".encode())
+    return digest.hexdigest()
+
+
 @dataclass
 class DaemonStatus:
     domain: str | None = None
@@ -84,14 +113,30 @@ class DaemonStatus:
     restarts: int = 0
     pid: int | None = None
     last_exit: str = ""
+    #: the running daemon is one a previous agent started (not this process's child)
+    adopted: bool = False
+
+
+@dataclass(frozen=True)
+class _Running:
+    """The daemon being watched: this process's child, or an adopted one (``child`` None)."""
+
+    pid: int
+    directory: Path
+    child: subprocess.Popen[bytes] | None
+
+    def alive(self) -> bool:
+        if self.child is not None:
+            return self.child.poll() is None
+        return is_daemon_of(self.pid, self.directory)
 
 
 class ImexDaemon:
     """Runs the IMEX daemon of the domain this node serves (module docstring).
 
     ``await task_group.start(daemon.run)`` keeps it supervised; ``configure`` and ``stop``
-    say what should run. ``on_change(status, reason)`` is told of every start, exit and stop
-    (metrics)."""
+    say what should run. ``on_change(status, reason)`` is told of every start, adoption
+    (``adopt``), exit and stop (metrics)."""
 
     def __init__(
         self,
@@ -113,7 +158,9 @@ class ImexDaemon:
         self._wake = anyio.Event()
         self._stopped = anyio.Event()
         self._stopped.set()
-        self._process: Process | None = None
+        self._running: _Running | None = None
+        #: (domain, pid) of a leftover daemon to adopt instead of starting one
+        self._adopt: tuple[str, int] | None = None
 
     def directory(self, domain: str) -> Path:
         return self.domains_dir / domain
@@ -123,13 +170,36 @@ class ImexDaemon:
 
     # -- what should run ------------------------------------------------------------------
 
-    def configure(self, domain: str, own_ip: str, peers: Sequence[str]) -> bool:
-        """Render the domain's config (blocking file writes, fsynced) and make sure its daemon
-        runs with it; True when the config changed (the daemon is restarted)."""
+    async def configure(
+        self, domain: str, own_ip: str, peers: Sequence[str], *, adopt: bool = False
+    ) -> bool:
+        """Render the domain's config (file writes fsynced, in a worker thread) and make sure
+        its daemon runs with it; True when the config changed (the daemon is restarted).
+
+        ``adopt``: a completed claim holds the domain, so a daemon a previous agent left
+        running with this very config is adopted rather than replaced (module docstring)."""
+        first = self.status.domain != domain
+        changed, found = await anyio.to_thread.run_sync(
+            self._write_config, domain, own_ip, list(peers), adopt and first
+        )
+        if changed or first:
+            self.status.domain = domain
+            self.status.state = "starting"  # readiness waits for the daemon of this config
+            self._adopt = (domain, found) if found is not None else None
+            self._generation += 1
+            self._stopped = anyio.Event()
+            self._wake.set()
+        return changed
+
+    def _write_config(
+        self, domain: str, own_ip: str, peers: list[str], adopt: bool
+    ) -> tuple[bool, int | None]:
+        """Write what changed of the rendered config; (changed, the pid to adopt)."""
         directory = self.directory(domain)
         directory.mkdir(parents=True, exist_ok=True)
+        files = render_config(directory, own_ip, peers)
         changed = False
-        for name, text in render_config(directory, own_ip, peers).items():
+        for name, text in files.items():
             path = directory / name
             try:
                 same = path.read_text() == text
@@ -139,16 +209,26 @@ class ImexDaemon:
                 write_atomic(path, text.encode())
                 changed = True
         crash_point("after-imex-config")
-        if changed or self.status.domain != domain:
-            self.status.domain = domain
-            self.status.state = "starting"  # readiness waits for the daemon of this config
-            self._generation += 1
-            self._stopped = anyio.Event()
-            self._wake.set()
-        return changed
+        if not adopt:
+            return changed, None
+        pids = leftover_daemons(directory)
+        if not pids:
+            return changed, None
+        if changed:
+            log.info(
+                "the IMEX daemon (pid %s) of ComputeDomain %s runs with an older config (the "
+                "domain's nodes changed while no agent ran): restarting it",
+                ", ".join(map(str, pids)),
+                domain,
+                extra={"domain": domain},
+            )
+            return changed, None
+        return changed, _adoptable(directory, domain, pids, config_digest(files))
 
     async def stop(self, domain: str, timeout: float = STOP_GRACE_S + 2) -> None:  # noqa: ASYNC109
         """Stop the domain's daemon (if it is the one running) and remove its directory."""
+        if self._adopt is not None and self._adopt[0] == domain:
+            self._adopt = None
         if self.status.domain == domain:
             self.status.domain = None
             self._generation += 1
@@ -192,9 +272,16 @@ class ImexDaemon:
             f"{answer or 'nothing'}; the daemon said: {said}"
         )
 
-    # -- the supervised child -------------------------------------------------------------
+    # -- the supervised daemon ------------------------------------------------------------
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        *,
+        keep: Callable[[str], bool] | None = None,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Supervise until cancelled; then stop the daemon unless ``keep(domain)`` says a
+        prepared claim holds its domain (it is left running for the next agent)."""
         task_status.started()
         delay = self._backoff_initial
         try:
@@ -233,61 +320,107 @@ class ImexDaemon:
                 delay = min(delay * 2, BACKOFF_MAX_S)
         finally:
             with anyio.CancelScope(shield=True):
-                await self._terminate()
-                self._set("stopped", "stop")
+                running, domain = self._running, self.status.domain
+                if (
+                    running is not None
+                    and domain is not None
+                    and keep is not None
+                    and keep(domain)
+                    and running.alive()
+                ):
+                    log.info(
+                        "leaving the IMEX daemon pid %d of ComputeDomain %s running: a prepared "
+                        "claim holds the domain (the next agent adopts it)",
+                        running.pid,
+                        domain,
+                        extra={"domain": domain, "pid": running.pid},
+                    )
+                    self._running = None
+                else:
+                    await self._terminate()
+                    if running is not None:
+                        for name in (PID_FILE, STARTED_FILE):
+                            (running.directory / name).unlink(missing_ok=True)
+                    self._set("stopped", "stop")
                 self._stopped.set()
 
     async def _run_once(self, domain: str, generation: int) -> str:
-        """Run the daemon until it exits or the wanted generation changes."""
-        config = self.config_path(domain)
-        await anyio.to_thread.run_sync(kill_leftover, config.parent)
-        command = [*self.command, "-c", str(config)]
-        self._set("starting", "start")
-        log_path = config.parent / LOG_FILE
-        try:
-            with log_path.open("ab") as output:  # the child keeps its own descriptor
-                start = output.tell()
-                process = await anyio.open_process(
-                    command,
-                    stdin=subprocess.DEVNULL,
-                    stdout=output,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+        """Run (or adopt) the daemon until it exits or the wanted generation changes."""
+        directory = self.directory(domain)
+        config = directory / CONFIG_FILE
+        log_path = directory / LOG_FILE
+        adopt, self._adopt = self._adopt, None
+        running: _Running | None = None
+        if adopt is not None and adopt[0] == domain:
+            candidate = _Running(adopt[1], directory, None)
+            if candidate.alive():
+                running = candidate
+            else:
+                log.warning(
+                    "the IMEX daemon pid %d of ComputeDomain %s exited before it was adopted",
+                    adopt[1],
+                    domain,
                 )
-        except OSError as error:
-            self.output.append(f"cannot start {command[0]}: {error}")
-            log.error("cannot start the IMEX daemon %s: %s", command[0], error)
-            return f"cannot start: {error}"
-        self._process = process
-        crash_point("after-imex-daemon-spawn")
-        write_atomic(config.parent / PID_FILE, f"{process.pid}\n".encode())
-        crash_point("after-imex-daemon-start")
-        self.status.pid = process.pid
-        self._set("running", "start")
-        log.info(
-            "IMEX daemon started for ComputeDomain %s",
-            domain,
-            extra={"pid": process.pid, "command": " ".join(command)},
-        )
+        if running is not None:
+            start = await anyio.to_thread.run_sync(_end_of_lines, log_path)
+            if _read_text(directory / PID_FILE).strip() != str(running.pid):
+                write_atomic(directory / PID_FILE, f"{running.pid}\n".encode())
+            self._running = running
+            self.status.pid, self.status.adopted = running.pid, True
+            log.info(
+                "adopted IMEX daemon pid %d for domain %s",
+                running.pid,
+                domain,
+                extra={"domain": domain, "pid": running.pid},
+            )
+            self._set("running", "adopt")
+        else:
+            await anyio.to_thread.run_sync(kill_leftover, directory)
+            command = [*self.command, "-c", str(config)]
+            self._set("starting", "start")
+            try:
+                spawned, start, digest = await anyio.to_thread.run_sync(
+                    self._spawn, command, log_path
+                )
+            except OSError as error:
+                self.output.append(f"cannot start {command[0]}: {error}")
+                log.error("cannot start the IMEX daemon %s: %s", command[0], error)
+                return f"cannot start: {error}"
+            running, child = spawned, spawned.child
+            assert child is not None
+            crash_point("after-imex-daemon-spawn")
+            record = {"pid": child.pid, "config_sha256": digest}
+            write_atomic(directory / STARTED_FILE, json.dumps(record).encode())
+            write_atomic(directory / PID_FILE, f"{child.pid}\n".encode())
+            crash_point("after-imex-daemon-start")
+            self.status.pid, self.status.adopted = child.pid, False
+            self._set("running", "start")
+            log.info(
+                "IMEX daemon started for ComputeDomain %s",
+                domain,
+                extra={"pid": child.pid, "command": " ".join(command)},
+            )
+        pid = running.pid
+
+        def say(lines: list[bytes]) -> None:
+            for line in lines:
+                text = line.decode(errors="replace").rstrip()
+                if text:
+                    self.output.append(text)
+                    log.info("imex: %s", text, extra={"domain": domain, "pid": pid})
+
+        read = [start]  # offset of the first byte not yet logged (a whole line)
+
+        def follow() -> None:
+            chunk = _read_from(log_path, read[0])
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            read[0] += len(complete)
+            say(complete.split(b"\n"))
+
         async with anyio.create_task_group() as group:
 
-            def say(lines: list[bytes]) -> None:
-                for line in lines:
-                    text = line.decode(errors="replace").rstrip()
-                    if text:
-                        self.output.append(text)
-                        log.info("imex: %s", text, extra={"domain": domain, "pid": process.pid})
-
-            read = [start]  # offset of the first byte not yet logged (a whole line)
-
-            def follow() -> None:
-                chunk = _read_from(log_path, read[0])
-                complete = chunk[: chunk.rfind(b"\n") + 1]
-                read[0] += len(complete)
-                say(complete.split(b"\n"))
-
             async def pump() -> None:
-                """Follow ``imex.log`` from where this daemon started writing."""
+                """Follow ``imex.log`` from where this daemon started (or was adopted)."""
                 while True:
                     await anyio.to_thread.run_sync(follow)
                     await anyio.sleep(FOLLOW_INTERVAL_S)
@@ -300,30 +433,146 @@ class ImexDaemon:
 
             group.start_soon(pump)
             group.start_soon(changed)
-            code = await process.wait()
+            await _exited(running)
             group.cancel_scope.cancel()
         await anyio.to_thread.run_sync(follow)  # its last words
-        self._process = None
-        self.status.pid = None
-        (config.parent / PID_FILE).unlink(missing_ok=True)
+        self._running = None
+        self.status.pid, self.status.adopted = None, False
+        for name in (PID_FILE, STARTED_FILE):
+            (directory / name).unlink(missing_ok=True)
+        if running.child is None:
+            return "exit status unknown (adopted: not a child of this agent process)"
+        code = running.child.wait()  # it has exited: reaped at once
         if code < 0:
             return f"killed by signal {-code}"
         return f"exit status {code}"
 
     async def _terminate(self) -> None:
-        process = self._process
-        if process is None or process.returncode is not None:
+        """SIGTERM to the watched daemon, SIGKILL after ``STOP_GRACE_S``; until it is gone."""
+        running = self._running
+        if running is None or not running.alive():
             return
-        process.terminate()
+        _signal(running, signal.SIGTERM)
         with anyio.move_on_after(STOP_GRACE_S):
-            await process.wait()
+            await _exited(running)
             return
-        process.kill()
-        await process.wait()
+        _signal(running, signal.SIGKILL)
+        await _exited(running)
+
+    def _spawn(self, command: list[str], log_path: Path) -> tuple[_Running, int, str]:
+        """Start the daemon in a session of its own, its output appended to ``imex.log``
+        (a worker thread): the process (watched from here on, also when the caller is
+        cancelled meanwhile), the log's offset before it wrote, the digest of its config."""
+        directory = log_path.parent
+        files = {name: _read_text(directory / name) for name in (CONFIG_FILE, NODES_FILE)}
+        with log_path.open("ab") as output:  # the child keeps its own descriptor
+            start = output.tell()
+            child = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives the agent; no terminal signal reaches it
+            )
+        running = self._running = _Running(child.pid, directory, child)
+        return running, start, config_digest(files)
 
     def _set(self, state: str, reason: str) -> None:
         self.status.state = state
         self._on_change(self.status, reason)
+
+
+def _signal(running: _Running, number: signal.Signals) -> None:
+    if running.child is not None:
+        running.child.send_signal(number)  # not once it has been reaped: no pid reuse
+        return
+    if not running.alive():
+        return
+    try:
+        os.killpg(running.pid, number)  # the daemon leads its session and process group
+    except (ProcessLookupError, PermissionError):
+        with suppress(ProcessLookupError):
+            os.kill(running.pid, number)
+
+
+async def _exited(running: _Running) -> None:
+    """Return once the daemon does not run (at once if it does not now): a pidfd on the
+    event loop, readable once the process has exited; a check every :data:`POLL_S` where
+    the kernel has no pidfd."""
+    try:
+        pidfd: int | None = os.pidfd_open(running.pid)
+    except ProcessLookupError:
+        pidfd = None  # gone (an exited child is still a zombie here)
+    except OSError:  # no pidfd (an old kernel, or not permitted): poll
+        pidfd = -1
+    try:
+        if pidfd is not None and running.alive():
+            if pidfd >= 0:
+                await anyio.wait_readable(pidfd)
+            else:
+                while running.alive():  # noqa: ASYNC110 - a process no event tells of
+                    await anyio.sleep(POLL_S)
+    finally:
+        if pidfd is not None and pidfd >= 0:
+            os.close(pidfd)
+
+
+def _adoptable(directory: Path, domain: str, pids: list[int], digest: str) -> int | None:
+    """The leftover daemon to adopt: the one daemon of ``directory`` whose record names it
+    with the config ``digest``; None (it is replaced) otherwise, saying why."""
+    if len(pids) > 1:
+        log.warning(
+            "%d IMEX daemons (pids %s) run for ComputeDomain %s: replacing them by one",
+            len(pids),
+            ", ".join(map(str, pids)),
+            domain,
+        )
+        return None
+    pid = pids[0]
+    try:
+        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("pid") != pid:
+        log.info(
+            "not adopting the IMEX daemon pid %d of ComputeDomain %s: no record of the config "
+            "it was started with (%s); restarting it",
+            pid,
+            domain,
+            STARTED_FILE,
+        )
+        return None
+    if record.get("config_sha256") != digest:
+        log.info(
+            "not adopting the IMEX daemon pid %d of ComputeDomain %s: it was started with "
+            "another config; restarting it",
+            pid,
+            domain,
+        )
+        return None
+    return pid
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _end_of_lines(path: Path) -> int:
+    """The offset after the last whole line of ``path`` (0 if it has none): an adopted
+    daemon's log is followed from there, its next line whole."""
+    try:
+        with path.open("rb") as file:
+            end = file.seek(0, os.SEEK_END)
+            offset = max(0, end - (1 << 16))
+            file.seek(offset)
+            chunk = file.read()
+    except OSError:
+        return 0
+    last = chunk.rfind(b"\n")
+    return offset + last + 1 if last >= 0 else end if offset else 0
 
 
 def _read_from(path: Path, offset: int, limit: int = 1 << 16) -> bytes:
@@ -336,32 +585,35 @@ def _read_from(path: Path, offset: int, limit: int = 1 << 16) -> bytes:
         return b""
 
 
+def is_daemon_of(pid: int, directory: Path) -> bool:
+    """Whether ``pid`` is a live daemon (not a zombie) started for ``directory``: its command
+    line ends with ``-c <directory>/imexd.cfg``, as the agent starts the daemon
+    (``nvidia-imex-ctl``'s ends with ``-q``)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    if argv[-1:] == [b""]:
+        argv = argv[:-1]
+    return argv[-2:] == [b"-c", str(directory / CONFIG_FILE).encode()] and not _zombie(pid)
+
+
 def leftover_daemons(directory: Path) -> list[int]:
-    """The live processes of a daemon started for ``directory``: every process (not a
-    zombie) whose command line ends with ``-c <directory>/imexd.cfg``, as the agent starts
-    the daemon (``nvidia-imex-ctl``'s ends with ``-q``). Found by their command line, not by
-    the pid file: an agent killed between starting the daemon and recording its pid leaves a
-    daemon no pid file names (the crash point ``after-imex-daemon-spawn``)."""
-    tail = [b"-c", str(directory / CONFIG_FILE).encode()]
+    """The live processes of a daemon started for ``directory`` (:func:`is_daemon_of`).
+    Found by their command line, not by the pid file: an agent killed between starting the
+    daemon and recording its pid leaves a daemon no pid file names (the crash point
+    ``after-imex-daemon-spawn``)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdecimal():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[-1:] == [b""]:
-            argv = argv[:-1]
-        if argv[-2:] == tail and not _zombie(int(entry.name)):
+        if entry.name.isdecimal() and is_daemon_of(int(entry.name), directory):
             found.append(int(entry.name))
     return sorted(found)
 
 
 def kill_leftover(directory: Path) -> list[int]:
     """Stop the daemons a previous agent left running for this directory (SIGTERM to each
-    one's process group, SIGKILL after ``STOP_GRACE_S``) and remove its pid file; returns
-    their pids."""
+    one's process group, SIGKILL after ``STOP_GRACE_S``) and remove its pid file and
+    record; returns their pids."""
     pids = leftover_daemons(directory)
     for pid in pids:
         log.warning("stopping the IMEX daemon (pid %d) a previous agent left running", pid)
@@ -376,7 +628,8 @@ def kill_leftover(directory: Path) -> list[int]:
     for pid in alive:
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    (directory / PID_FILE).unlink(missing_ok=True)
+    for name in (PID_FILE, STARTED_FILE):
+        (directory / name).unlink(missing_ok=True)
     return pids
 
 

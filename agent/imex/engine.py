@@ -28,7 +28,11 @@ The steps of both end at the crash points ``ImexCrashPoint`` of ``agent.crash``:
 matrix kills the agent at each and checks that the restart and the kubelet's retry leave one
 daemon, one ``status.nodes`` entry and one CDI spec per prepared domain, none otherwise. At
 start the engine keeps a ``PrepareStarted`` entry (the kubelet's retry finishes it, or its
-unprepare undoes it) and stops the daemon of a domain no entry serves.
+unprepare undoes it) and stops the daemon of a domain no entry serves. The daemon of a domain
+a completed claim holds is adopted when its config is unchanged (``agent.imex.daemon``: a
+restart of the agent must not disrupt the IMEX domain of running jobs), restarted otherwise;
+one of a domain only ``PrepareStarted`` entries serve is restarted. When the agent stops, the
+daemon of a domain a completed claim holds keeps running for the next agent.
 
 While a domain is served, :meth:`ChannelEngine.run` follows it every second: a node that
 joins or leaves changes the rendered config (the daemon restarts with it) and a daemon that
@@ -44,6 +48,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +149,8 @@ class ChannelEngine:
         """Load the checkpoint; rewrite the CDI specs of completed claims (tmpfs), remove
         the others (of no entry, or of a ``PrepareStarted`` one: its retry writes it again)
         and the temporaries a crash left; stop the daemons of a domain no entry serves and
-        remove its directory. The daemon of a served domain is replaced by ``run``."""
+        remove its directory. The daemon of a served domain is adopted or replaced by
+        ``run`` (module docstring)."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         async with self._node_lock:
             await anyio.to_thread.run_sync(clean_temporaries, self.plugin_dir)
@@ -159,18 +165,24 @@ class ChannelEngine:
             await anyio.to_thread.run_sync(self._sweep_domains, served)
         domain = self._served()
         if domain is not None:
-            log.info("serving %s again after a restart; its IMEX daemon is restarted", domain)
+            log.info(
+                "serving %s again after a restart; its IMEX daemon is %s",
+                domain,
+                "adopted if it runs with an unchanged config"
+                if self._holds(domain.uid)
+                else "restarted (no claim of it is completed)",
+            )
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The daemon's supervision and the follower of the served domain, until cancelled."""
         async with anyio.create_task_group() as group:
-            await group.start(self.daemon.run)
+            await group.start(partial(self.daemon.run, keep=self._holds))
             domain = self._served()
             if domain is not None:
                 try:
                     await self._configure(domain)
                 except Exception as error:  # the follower tries again
-                    log.warning("could not restart the IMEX daemon of %s: %s", domain, error)
+                    log.warning("could not configure the IMEX daemon of %s: %s", domain, error)
             task_status.started()
             while True:
                 await anyio.sleep(self._follow_interval)
@@ -201,6 +213,13 @@ class ChannelEngine:
         for claim in self.claims.values():
             return claim.domain
         return None
+
+    def _holds(self, domain_uid: str) -> bool:
+        """Whether a completed claim holds the domain: its daemon is adopted after a restart
+        of the agent and left running when the agent stops."""
+        return any(
+            c.state == COMPLETED and c.domain_uid == domain_uid for c in self.claims.values()
+        )
 
     # -- prepare --------------------------------------------------------------------------
 
@@ -360,10 +379,9 @@ class ChannelEngine:
         if self.node_ip not in peers:
             peers.append(self.node_ip)
         trace.get_current_span().set_attribute("imex.peers", len(peers))
-        changed: bool = await anyio.to_thread.run_sync(
-            self.daemon.configure, domain.uid, self.node_ip, peers
+        return await self.daemon.configure(
+            domain.uid, self.node_ip, peers, adopt=self._holds(domain.uid)
         )
-        return changed
 
     async def _report(self, domain: DomainRef, ready: bool, said: str) -> None:
         if ready:

@@ -9,9 +9,14 @@ STATES = ("stopped", "starting", "running", "backoff")
 
 
 def daemon_changed(status: DaemonStatus, reason: str) -> None:
-    """``ImexDaemon``'s ``on_change``: the state gauge, and restarts by reason."""
+    """``ImexDaemon``'s ``on_change``: the state gauge, restarts by reason and adoptions
+    (exported at 0 from the first change on)."""
     for state in STATES:
         m.set_gauge(m.IMEX_DAEMON_STATE, 1.0 if state == status.state else 0.0, state=state)
+    if reason == "adopt":
+        m.add(m.IMEX_DAEMON_ADOPTIONS, 1)
+    else:  # exported at 0 until the first adoption
+        m.IMEX_DAEMON_ADOPTIONS.add(0)
     if status.state == "starting" and reason == "config":
         m.add(m.IMEX_DAEMON_RESTARTS, 1, reason="config")
     if status.state == "backoff" and reason == "crash":

@@ -168,6 +168,12 @@ IMEX_DAEMON_RESTARTS = _meter.create_counter(
     "{restart}",
     "IMEX daemon restarts, by reason (crash: it exited; config: the domain's nodes changed)",
 )
+IMEX_DAEMON_ADOPTIONS = _meter.create_counter(
+    "gpu_dra_imex_daemon_adoptions",
+    "{adoption}",
+    "IMEX daemons a restarted agent adopted (left running by the agent before it, serving a "
+    "domain a prepared claim holds, with an unchanged config) instead of restarting them",
+)
 IMEX_DOMAIN_CHANGES = _meter.create_counter(
     "gpu_dra_imex_domain_changes",
     "{change}",
@@ -179,6 +185,7 @@ IMEX_DOMAIN_CHANGES = _meter.create_counter(
 IMEX_NAMES: Final = (
     "gpu_dra_imex_daemon_state",
     "gpu_dra_imex_daemon_restarts_total",
+    "gpu_dra_imex_daemon_adoptions_total",
     "gpu_dra_imex_domain_changes_total",
 )
 

@@ -6,9 +6,9 @@ the scheduler would; the kubelet emulators call the ``compute-domain.nvidia.com`
 
 Also: a claim whose domain is in another namespace, a node without a clique (dgx-h100), a
 second domain on a busy node, a daemon that never gets READY (retryable error within the
-deadline, the reason in the claim's error and in the domain's status) and ``kill -9`` of an
-agent while its daemon runs (the daemon is restarted once, nothing duplicated, the domain
-stays Ready).
+deadline, the reason in the claim's error and in the domain's status) and ``kill -9`` or
+SIGTERM of an agent while its daemon runs (the restarted agent adopts the same daemon
+process, nothing duplicated, the domain stays Ready).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import anyio
 import pytest
 
 from agent.imex.config import DRIVER as CD_DRIVER
-from agent.imex.daemon import CONFIG_FILE, LOG_FILE, NODES_FILE
+from agent.imex.daemon import CONFIG_FILE, LOG_FILE, NODES_FILE, PID_FILE
 from agent.imex.domains import node_entries
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.deviceclasses import default_device_classes
@@ -337,43 +337,57 @@ def _text(path: Path) -> str:
         return ""
 
 
-async def test_kill_9_while_the_daemon_runs_restarts_it_once_and_the_domain_stays_ready(
-    cluster: Cluster,
+@pytest.mark.parametrize(
+    "signal_number", [signal.SIGKILL, signal.SIGTERM], ids=["kill-9", "sigterm"]
+)
+async def test_an_agent_restart_adopts_the_running_daemon_and_the_domain_stays_ready(
+    cluster: Cluster, signal_number: signal.Signals
 ) -> None:
+    """``kill -9`` (a crash) or SIGTERM (an upgrade) of tray-a's agent while its daemon
+    serves a prepared claim: the daemon outlives the agent, the restarted agent adopts that
+    same process (no restart: it would disrupt the IMEX domain of the running jobs), the
+    domain stays Ready throughout, and the last unprepare stops it."""
     tray_a, tray_b = cluster.nodes["tray-a"], cluster.nodes["tray-b"]
-    domain = await cluster.create_domain("cd-crash", num_nodes=2)
+    name = f"cd-restart-{signal_number.name.lower()}"
+    domain = await cluster.create_domain(name, num_nodes=2)
     uid = domain["metadata"]["uid"]
     claims = {
-        node.name: await cluster.channel_claim(node, f"crash-{node.name}", domain)
+        node.name: await cluster.channel_claim(node, f"{name}-{node.name}", domain)
         for node in (tray_a, tray_b)
     }
     for node in (tray_a, tray_b):
         assert not (await cluster.prepare(node, claims[node.name]))["error"], node.log()
     await eventually(
-        lambda: cluster.domain("cd-crash")["status"].get("status") == "Ready",
+        lambda: cluster.domain(name)["status"].get("status") == "Ready",
         what="the domain to go Ready",
     )
     config = tray_a.domain_dir(uid) / CONFIG_FILE
-    # tray-a's daemon was started for tray-a alone and is restarted when tray-b joins: kill
+    # tray-a's daemon was started for tray-a alone and is restarted when tray-b joins: stop
     # the agent once the daemon for both runs (not while it replaces one with the other)
     await eventually(
         lambda: "READY: all 2 node(s)" in _text(config.parent / LOG_FILE),
         what="tray-a's daemon to know both nodes",
     )
     (before,) = imex_daemons(config)
+    await eventually(
+        lambda: cluster.domain(name)["status"].get("status") == "Ready",
+        what="the domain to be Ready with both daemons knowing both nodes",
+    )
 
-    assert await cluster.stop(tray_a, signal.SIGKILL) == -signal.SIGKILL
+    expected = -signal.SIGKILL if signal_number is signal.SIGKILL else 0
+    assert await cluster.stop(tray_a, signal_number) == expected, tray_a.log()
     assert imex_daemons(config) == [before], "the daemon outlives its agent"
+    assert cluster.domain(name)["status"]["status"] == "Ready", cluster.domain(name)["status"]
     await cluster.start(tray_a)
     await eventually(
-        lambda: (pids := imex_daemons(config)) != [] and before not in pids,
-        what="tray-a's daemon to be replaced",
+        lambda: f"adopted IMEX daemon pid {before} for domain {uid}" in tray_a.log(),
+        what="tray-a's daemon to be adopted",
     )
     await anyio.sleep(1.5)  # a few rounds of the agent following its domain
-    (after,) = imex_daemons(config)
-    assert after != before
-    assert tray_a.log().count("a previous agent left running") == 1
-    stored = cluster.domain("cd-crash")
+    assert imex_daemons(config) == [before], "adopted, not replaced"
+    assert (config.parent / PID_FILE).read_text().strip() == str(before)
+    assert "a previous agent left running" not in tray_a.log()
+    stored = cluster.domain(name)
     assert stored["status"]["status"] == "Ready"
     entries = node_entries(stored)
     assert sorted(e.name for e in entries) == ["tray-a", "tray-b"]
@@ -381,7 +395,8 @@ async def test_kill_9_while_the_daemon_runs_restarts_it_once_and_the_domain_stay
     # the kubelet's retry of the prepare gets the recorded answer, nothing new is made
     answer = await cluster.prepare(tray_a, claims["tray-a"])
     assert not answer["error"] and answer["devices"][0]["device_name"] == "channel-0"
-    assert imex_daemons(config) == [after]
+    assert imex_daemons(config) == [before]
     for node in (tray_a, tray_b):
         assert not (await cluster.unprepare(node, claims[node.name]))["error"]
-    assert node_entries(cluster.domain("cd-crash")) == []
+    assert node_entries(cluster.domain(name)) == []
+    assert imex_daemons(config) == []

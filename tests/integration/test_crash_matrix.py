@@ -27,7 +27,9 @@ at the point during a channel prepare or unprepare and checked as a whole by :cl
 the claim is prepared after the retry (unprepared at the end) and its CDI spec is the one its
 checkpoint entry implies, exactly one simulated IMEX daemon process runs (a scan of ``/proc``)
 while the node serves the domain and none otherwise, none of the killed agent's daemons
-survives the restart, the domain's ``status.nodes`` holds this node's entry once while a claim
+survives the restart unless a completed claim holds its domain (then the restarted agent
+adopts that very process: a daemon restart would disrupt the domain's running jobs), the
+domain's ``status.nodes`` holds this node's entry once while a claim
 is prepared and not at all after the unprepare, and no temporary is left.
 
 docs/RELIABILITY.md is the readable table of the same scenarios.
@@ -65,7 +67,7 @@ from agent.node.durable import is_temporary
 from agent.sharing.mps import daemons_of
 from agent.sim.kubelet import ClaimRef, DraCallError, KubeletEmulator
 from agent.sim.state_cli import read_state
-from tests.integration.compute_domains import TRAY, Cluster
+from tests.integration.compute_domains import TRAY, Cluster, eventually
 from tests.integration.compute_domains import Node as ClusterNode
 from tests.integration.conftest import (
     DRIVER,
@@ -563,10 +565,12 @@ class Tray:
         kubelet_view: set[str],
         in_flight: str | None = None,
         killed: frozenset[int] = frozenset(),
+        adopted: frozenset[int] = frozenset(),
     ) -> None:
         """The module docstring's channel checks; ``in_flight`` is the claim whose call the
-        crash interrupted (its entry, spec and membership may differ until the retry) and
-        ``killed`` the daemons that ran when the agent died (none may survive the restart)."""
+        crash interrupted (its entry, spec and membership may differ until the retry),
+        ``killed`` the daemons that ran when the agent died (none may survive the restart)
+        and ``adopted`` those that must still run (a completed claim holds their domain)."""
         claims = self.node.checkpoint()
         completed = {u for u, c in claims.items() if c["state"] == "PrepareCompleted"}
         started = set(claims) - completed
@@ -595,6 +599,7 @@ class Tray:
                 if (
                     sorted(found.values()) == sorted(wanted)
                     and not set(found) & killed
+                    and adopted <= set(found)
                     and pid_files == set(found)
                 ):
                     break
@@ -603,6 +608,7 @@ class Tray:
             f"IMEX daemons {found}: wanted one for each of {sorted(wanted)}\n{self.node.log()}"
         )
         assert not set(found) & killed, f"daemons of the killed agent survive: {found}"
+        assert adopted <= set(found), f"daemons {sorted(adopted)} not adopted: {found}"
         assert pid_files == set(found), f"pid files {pid_files}, daemons {found}"
         directories = (
             {p.name for p in self.domains_dir.iterdir()} if self.domains_dir.is_dir() else set()
@@ -755,8 +761,16 @@ async def _channel_scenario(tray: Tray, scenario: Scenario) -> None:
     await tray.crashed(scenario)
     killed = frozenset(tray.daemons())
     assert tray.left(ref.uid) == scenario.left, node.log()
+    # the daemon of a completed claim's domain is adopted (the same process runs on);
+    # any other is stopped
+    completed = node.checkpoint().get(ref.uid, {}).get("state") == "PrepareCompleted"
+    adopted = killed if completed else frozenset()
     await tray.start()
-    await tray.check(view, in_flight=ref.uid, killed=killed)  # startup repaired what it left
+    # startup repaired what the crash left
+    await tray.check(view, in_flight=ref.uid, killed=killed - adopted, adopted=adopted)
+    for pid in adopted:
+        said = f"adopted IMEX daemon pid {pid} for domain {tray.domain_uid}"
+        await eventually(lambda said=said: said in node.log(), what=f"the log line {said!r}")
 
     if not unprepare:  # the kubelet's retry, then the pod ends
         answer = await cluster.prepare(node, ref)

@@ -7,6 +7,8 @@ what a killed agent left."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agent.imex.cdi import channel_spec
 from agent.imex.config import DRIVER, ChannelConfig
-from agent.imex.daemon import CONFIG_FILE, ImexDaemon
+from agent.imex.daemon import CONFIG_FILE, ImexDaemon, leftover_daemons
 from agent.imex.domains import DomainApi, node_entries
 from agent.imex.engine import ChannelEngine
 from agent.imex.fabric import Clique
@@ -201,3 +203,78 @@ async def test_start_removes_what_no_completed_claim_owns(tmp_path: Path, api_cl
         if leftover.returncode is None:
             leftover.kill()
         await leftover.wait()
+
+
+async def test_a_restarted_engine_adopts_the_daemon_of_a_completed_claim(
+    apiserver: EmbeddedApiServer, tmp_path: Path, api_client: Any
+) -> None:
+    """The agent stops (SIGTERM: its task group cancelled) with a channel claim prepared: the
+    daemon keeps running, and the next engine adopts the same process (counted), reports
+    its domain Ready, answers the kubelet's retry from the record and stops the daemon on
+    the last unprepare."""
+    uid = apiserver.put_object(compute_domain())["metadata"]["uid"]
+    engine, reader = await make_engine(tmp_path, api_client)
+    ref = await channel_claim(apiserver, "kept", uid)
+    async with anyio.create_task_group() as group:
+        await group.start(engine.run)
+        assert (await engine.prepare([ref]))[ref.uid].error is None
+        pid = engine.daemon.status.pid
+        group.cancel_scope.cancel()
+    await reader.close()
+    directory = engine.daemon.directory(uid)
+    assert pid is not None and leftover_daemons(directory) == [pid], "left running"
+    adoptions = reading().value("gpu_dra_imex_daemon_adoptions")
+    again, reader = await make_engine(tmp_path, api_client)
+    try:
+        async with anyio.create_task_group() as group:
+            await group.start(again.run)
+            assert (await again.daemon.wait_ready(uid, 10))[0]
+            assert again.daemon.status.pid == pid and again.daemon.status.adopted
+            assert reading().value("gpu_dra_imex_daemon_adoptions") == adoptions + 1
+            assert (await again.prepare([ref]))[ref.uid].error is None  # the kubelet's retry
+            (entry,) = node_entries(apiserver.get_object("computedomains", "cd", "default") or {})
+            assert entry.status == "Ready"
+            assert leftover_daemons(directory) == [pid]
+            assert (await again.unprepare([ref]))[ref.uid] is None
+            assert leftover_daemons(directory) == []
+            group.cancel_scope.cancel()
+    finally:
+        await reader.close()
+        for leftover in leftover_daemons(directory):
+            os.kill(leftover, signal.SIGKILL)
+
+
+async def test_the_daemon_of_a_claim_not_completed_is_replaced_and_stopped_with_the_agent(
+    apiserver: EmbeddedApiServer, tmp_path: Path, api_client: Any
+) -> None:
+    """A daemon a stopped agent left whose domain only a ``PrepareStarted`` entry serves
+    (here: the completed entry turned back) is not adopted but replaced, and the agent
+    stopping then stops its daemon: no prepared claim holds the domain."""
+    uid = apiserver.put_object(compute_domain())["metadata"]["uid"]
+    engine, reader = await make_engine(tmp_path, api_client)
+    ref = await channel_claim(apiserver, "started", uid)
+    async with anyio.create_task_group() as group:
+        await group.start(engine.run)
+        assert (await engine.prepare([ref]))[ref.uid].error is None
+        pid = engine.daemon.status.pid
+        group.cancel_scope.cancel()
+    await reader.close()
+    directory = engine.daemon.directory(uid)
+    checkpoint = engine.plugin_dir / "checkpoint.json"
+    document = json.loads(checkpoint.read_text())
+    document["claims"][ref.uid]["state"] = "PrepareStarted"
+    write_atomic(checkpoint, json.dumps(document).encode())
+    again, reader = await make_engine(tmp_path, api_client)
+    try:
+        async with anyio.create_task_group() as group:
+            await group.start(again.run)
+            assert (await again.daemon.wait_ready(uid, 10))[0]
+            assert again.daemon.status.pid != pid and not again.daemon.status.adopted
+            assert leftover_daemons(directory) == [again.daemon.status.pid]
+            group.cancel_scope.cancel()
+        assert leftover_daemons(directory) == []
+        assert again.claims[ref.uid].state == "PrepareStarted"
+    finally:
+        await reader.close()
+        for leftover in leftover_daemons(directory):
+            os.kill(leftover, signal.SIGKILL)

@@ -15,6 +15,7 @@ from tests.support.metrics import reading
 def test_imex_metrics_are_served_with_their_names() -> None:
     reading()
     daemon_changed(DaemonStatus(domain="d", state="starting"), "config")
+    daemon_changed(DaemonStatus(domain="d", state="running", adopted=True), "adopt")
     daemon_changed(DaemonStatus(domain="d", state="backoff"), "crash")
     domain_change("join")
     served = serve_metrics("127.0.0.1", 0)
@@ -28,4 +29,5 @@ def test_imex_metrics_are_served_with_their_names() -> None:
     assert 'gpu_dra_imex_daemon_state{state="backoff"} 1.0' in text
     assert 'gpu_dra_imex_daemon_state{state="running"} 0.0' in text
     assert re.search(r'gpu_dra_imex_daemon_restarts_total\{reason="crash"\} [1-9]', text)
+    assert re.search(r"gpu_dra_imex_daemon_adoptions_total [1-9]", text)
     assert re.search(r'gpu_dra_imex_domain_changes_total\{change="join"\} [1-9]', text)
