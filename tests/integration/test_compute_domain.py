@@ -14,6 +14,7 @@ process, nothing duplicated, the domain stays Ready).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import tempfile
@@ -101,6 +102,10 @@ async def cluster(workdir: Path) -> AsyncIterator[Cluster]:
             for node_ in cluster.nodes.values():
                 if node_.process is not None and node_.process.returncode is None:
                     await cluster.stop(node_)
+                # a stopped agent leaves the daemon of a prepared claim (a failed test's)
+                for config in (node_.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
+                    for pid in imex_daemons(config):
+                        os.kill(pid, signal.SIGKILL)
             if cluster.controller is not None and cluster.controller.returncode is None:
                 cluster.controller.terminate()
                 await cluster.controller.wait()

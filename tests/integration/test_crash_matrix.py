@@ -777,7 +777,7 @@ async def _channel_scenario(tray: Tray, scenario: Scenario) -> None:
         assert not answer["error"], f"{answer}\n{node.log()}"
         assert [d["device_name"] for d in answer["devices"]] == [CHANNEL_DEVICE]
         view.add(ref.uid)
-        await tray.check(view)
+        await tray.check(view, adopted=adopted)
     assert not (answer := await cluster.unprepare(node, ref))["error"], answer
     view.discard(ref.uid)
     await tray.check(view)

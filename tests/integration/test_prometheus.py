@@ -215,6 +215,10 @@ async def tray(fresh_harness: AgentHarness) -> AsyncIterator[tuple[Cluster, Node
         finally:
             if node.process is not None and node.process.returncode is None:
                 assert await cluster.stop(node) == 0, node.log()
+            # the stopped agent leaves the daemon of its prepared claim for the next agent
+            for config in (node.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
+                for pid in imex_daemons(config):
+                    os.kill(pid, signal.SIGKILL)
             await cluster.delete_claims()
 
 
