@@ -2,9 +2,10 @@
 
 The engine's durability argument ("a crash between any two writes is repaired at the next
 start") is only worth something if it is exercised. Setting ``GPU_DRA_AGENT_CRASH_AT`` to
-one of :data:`ALL_CRASH_POINTS` makes the process die with ``os._exit(137)`` (what SIGKILL
-looks like to a parent) at that step: no ``finally`` blocks, no flushed buffers, exactly
-like a power cut as far as the agent's own files are concerned. Every point is listed here
+one of :data:`ALL_CRASH_POINTS` makes the process send itself SIGKILL at that step: no
+``finally`` blocks, no flushed buffers, no socket cleanup, exactly like a power cut as far
+as the agent's own files are concerned (the page cache aside), and to a parent exactly what
+``kill -9`` leaves (:data:`EXIT_STATUS`). Every point is listed here
 once; ``tests/integration/test_crash_matrix.py`` enumerates :data:`ALL_CRASH_POINTS` and
 fails for a point it has no scenario for (docs/RELIABILITY.md has the table).
 
@@ -19,6 +20,7 @@ against ``None``.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
@@ -88,7 +90,8 @@ ALL_CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (
     *PUBLISH_CRASH_POINTS,
     *IMEX_CRASH_POINTS,
 )
-EXIT_STATUS: Final = 137
+#: What a parent's ``wait`` gives for the killed process (a shell shows 137).
+EXIT_STATUS: Final = -signal.SIGKILL
 
 
 @dataclass
@@ -138,4 +141,5 @@ def crash_point(point: CrashPoint, subject: str = "") -> None:
     where = f"{point} ({subject})" if subject else point
     sys.stderr.write(f"gpu-dra-agent: crashing at {where} ({ENV_VAR})\n")
     sys.stderr.flush()
-    os._exit(EXIT_STATUS)
+    os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(137)  # not reached: SIGKILL cannot be caught

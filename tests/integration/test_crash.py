@@ -1,8 +1,8 @@
 """Kill the agent at every step of a prepare and an unprepare; the restarted agent must finish
 the kubelet's retry and leave the checkpoint and the CDI directory in agreement.
 
-``GPU_DRA_AGENT_CRASH_AT=<point>`` makes the agent process ``os._exit(137)`` at that step (no
-cleanup, like SIGKILL or a power cut for the agent's files). Each test starts the agent with the
+``GPU_DRA_AGENT_CRASH_AT=<point>`` makes the agent process send itself SIGKILL at that
+step (no cleanup; a power cut for the agent's files). Each test starts the agent with the
 variable, lets it die, restarts it without, and retries as the kubelet would.
 """
 

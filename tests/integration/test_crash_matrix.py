@@ -5,7 +5,7 @@ Every point in :data:`agent.crash.ALL_CRASH_POINTS` maps to at least one scenari
 ``GPU_DRA_AGENT_CRASH_AT`` value); a point without one fails
 :func:`test_crash_point` by name, so a new point cannot go untested. Each scenario starts
 the agent (``run --simulate dgx-h100 --dynamic-mig``) armed for its point, lets it die
-there (``os._exit(137)``, no cleanup: what SIGKILL leaves), restarts it unarmed and plays
+there (the process sends itself SIGKILL: no cleanup), restarts it unarmed and plays
 the kubelet's retry. After the restart, after the retry and at the end it checks the whole
 node (:class:`Node`):
 

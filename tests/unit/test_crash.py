@@ -1,5 +1,5 @@
 """``GPU_DRA_AGENT_CRASH_AT``: its syntax, its subject and count, and the two points inside a
-durable write, each in a real child process that dies with status 137."""
+durable write, each in a real child process that dies by SIGKILL."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Usage: ``python -m tests.unit.node.engine_crash_child '<json>'`` where the JSON 
 ``profile``, ``host_root``, ``base`` (the node directory of ``engine_support.Node``),
 ``kubeconfig``, ``action`` (``prepare`` or ``unprepare``) and ``claims`` (a list of
 ``[namespace, uid, name]``). With ``GPU_DRA_AGENT_CRASH_AT`` set, the process dies at that
-point with status 137 instead of printing.
+point (SIGKILL, ``agent.crash.EXIT_STATUS``) instead of printing.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Kill the agent at every crash point, restart, and check that nothing is lost or orphaned.
 
-The crashing agent is a real process (``engine_crash_child``) that dies with ``os._exit(137)``;
+The crashing agent is a real process (``engine_crash_child``) that dies by SIGKILL;
 the restarted engine runs in the test process on the same directories. After the restart the
 checkpoint and the CDI directory must agree, and the kubelet's retry must succeed.
 """
