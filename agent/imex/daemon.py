@@ -36,7 +36,10 @@ never a second daemon for one config.
 
 When the agent stops (``run`` cancelled: SIGTERM, or a failed part bringing it down), the
 daemon is left running if ``keep(domain)`` says a prepared claim holds it, for the next agent
-to adopt, and stopped otherwise.
+to adopt, and stopped otherwise. During a rolling upgrade both instances watch the one daemon;
+when one restarts it for a changed config, the other, seeing its daemon exit, adopts the new
+one (the one daemon of the directory whose record has the config on disk) rather than
+replacing it.
 """
 
 from __future__ import annotations
@@ -284,17 +287,20 @@ class ImexDaemon:
         prepared claim holds its domain (it is left running for the next agent)."""
         task_status.started()
         delay = self._backoff_initial
+        exited: int | None = None  # the generation whose daemon exited on its own
         try:
             while True:
                 domain, generation = self.status.domain, self._generation
                 if domain is None:
+                    exited = None
                     self._set("stopped", "stop")
                     self._stopped.set()
                     self._wake = anyio.Event()
                     await self._wake.wait()
                     continue
                 started = anyio.current_time()
-                exit_text = await self._run_once(domain, generation)
+                exit_text = await self._run_once(domain, generation, exited == generation)
+                exited = None
                 if generation != self._generation:  # reconfigured or stopped: go again now
                     if self.status.domain is not None:
                         self.status.restarts += 1
@@ -302,6 +308,7 @@ class ImexDaemon:
                     delay = self._backoff_initial
                     continue
                 # it exited on its own: restart with backoff
+                exited = generation
                 self.status.last_exit = exit_text
                 self.status.restarts += 1
                 if anyio.current_time() - started > STABLE_S:
@@ -339,17 +346,25 @@ class ImexDaemon:
                 else:
                     await self._terminate()
                     if running is not None:
-                        for name in (PID_FILE, STARTED_FILE):
-                            (running.directory / name).unlink(missing_ok=True)
+                        _forget(running.directory, running.pid)
                     self._set("stopped", "stop")
                 self._stopped.set()
 
-    async def _run_once(self, domain: str, generation: int) -> str:
-        """Run (or adopt) the daemon until it exits or the wanted generation changes."""
+    async def _run_once(self, domain: str, generation: int, after_exit: bool = False) -> str:
+        """Run (or adopt) the daemon until it exits or the wanted generation changes.
+
+        ``after_exit``: the daemon watched before exited; if another one runs with the
+        current config and its record (the other agent instance of a rolling upgrade
+        restarted it for a changed config), that one is adopted rather than replaced, so
+        that two instances never take turns killing each other's daemon."""
         directory = self.directory(domain)
         config = directory / CONFIG_FILE
         log_path = directory / LOG_FILE
         adopt, self._adopt = self._adopt, None
+        if adopt is None and after_exit:
+            sibling = await anyio.to_thread.run_sync(_recorded_daemon, directory)
+            if sibling is not None:
+                adopt = (domain, sibling)
         running: _Running | None = None
         if adopt is not None and adopt[0] == domain:
             candidate = _Running(adopt[1], directory, None)
@@ -438,8 +453,7 @@ class ImexDaemon:
         await anyio.to_thread.run_sync(follow)  # its last words
         self._running = None
         self.status.pid, self.status.adopted = None, False
-        for name in (PID_FILE, STARTED_FILE):
-            (directory / name).unlink(missing_ok=True)
+        _forget(directory, running.pid)
         if running.child is None:
             return "exit status unknown (adopted: not a child of this agent process)"
         code = running.child.wait()  # it has exited: reaped at once
@@ -515,6 +529,35 @@ async def _exited(running: _Running) -> None:
     finally:
         if pidfd is not None and pidfd >= 0:
             os.close(pidfd)
+
+
+def _forget(directory: Path, pid: int) -> None:
+    """Remove ``imex.pid`` and the record if they name the daemon ``pid`` that exited (not
+    those of a daemon the other instance of a rolling upgrade started meanwhile)."""
+    if _read_text(directory / PID_FILE).strip() == str(pid):
+        (directory / PID_FILE).unlink(missing_ok=True)
+    try:
+        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or record.get("pid") == pid:
+        (directory / STARTED_FILE).unlink(missing_ok=True)
+
+
+def _recorded_daemon(directory: Path) -> int | None:
+    """The one live daemon of ``directory`` whose record names it with the config on disk
+    (quietly: None when there is none, or more than one)."""
+    pids = leftover_daemons(directory)
+    if len(pids) != 1:
+        return None
+    files = {name: _read_text(directory / name) for name in (CONFIG_FILE, NODES_FILE)}
+    try:
+        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("pid") != pids[0]:
+        return None
+    return pids[0] if record.get("config_sha256") == config_digest(files) else None
 
 
 def _adoptable(directory: Path, domain: str, pids: list[int], digest: str) -> int | None:

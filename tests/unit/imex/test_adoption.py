@@ -207,3 +207,34 @@ async def test_a_stopping_agent_stops_a_daemon_no_prepared_claim_holds(
     assert leftover_daemons(directory) == []
     assert not (directory / PID_FILE).exists() and not (directory / STARTED_FILE).exists()
     assert pid
+
+
+async def test_two_instances_of_a_rolling_upgrade_share_one_daemon(
+    tmp_path: Path, directory: Path
+) -> None:
+    """The new instance adopts the old one's daemon; when the old one restarts it for a
+    changed node list, the new one watches the daemon that runs with the new config (its
+    record says so) instead of replacing it: no two instances taking turns killing each
+    other's daemon."""
+    old, new = daemon_for(tmp_path), daemon_for(tmp_path)
+    async with anyio.create_task_group() as group:
+        await group.start(old.run)
+        await group.start(new.run)
+        await old.configure(DOMAIN, IP, [IP])
+        assert (await old.wait_ready(DOMAIN, 10))[0]
+        await new.configure(DOMAIN, IP, [IP], adopt=True)
+        assert (await new.wait_ready(DOMAIN, 10))[0]
+        first = old.status.pid
+        assert new.status.pid == first and new.status.adopted
+        assert await old.configure(DOMAIN, IP, [IP, "10.0.0.2"])  # a node joined
+        with anyio.fail_after(10):
+            while new.status.pid in (None, first) or new.status.pid != old.status.pid:  # noqa: ASYNC110
+                await anyio.sleep(0.02)
+        second = old.status.pid
+        assert new.status.adopted and second != first
+        await anyio.sleep(1.5)  # a window for a fight to show: several backoffs of 0.1 s
+        assert old.status.pid == new.status.pid == second
+        assert leftover_daemons(directory) == [second]
+        assert old.status.restarts == 1 and new.status.restarts == 1
+        group.cancel_scope.cancel()
+    assert leftover_daemons(directory) == []
