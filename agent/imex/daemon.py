@@ -36,10 +36,10 @@ never a second daemon for one config.
 
 When the agent stops (``run`` cancelled: SIGTERM, or a failed part bringing it down), the
 daemon is left running if ``keep(domain)`` says a prepared claim holds it, for the next agent
-to adopt, and stopped otherwise. During a rolling upgrade both instances watch the one daemon;
-when one restarts it for a changed config, the other, seeing its daemon exit, adopts the new
-one (the one daemon of the directory whose record has the config on disk) rather than
-replacing it.
+to adopt, and stopped otherwise. During a rolling upgrade whose instances see each other's
+processes, both watch the one daemon; when one restarts it for a changed config, the other,
+seeing its daemon exit, adopts the new one (the one daemon of the directory whose record has
+the config on disk) rather than replacing it.
 """
 
 from __future__ import annotations

@@ -585,7 +585,6 @@ class Tray:
             )
             status = specs.status(specs.claim_path(uid), spec)
             assert status is SpecStatus.MATCHES, f"{uid}: its CDI spec {status.value}"
-        assert not self.temporaries(), f"temporaries left: {self.temporaries()}"
 
         served = {c["domain_uid"] for c in claims.values()}
         wanted = {self.node.domain_dir(d) / CONFIG_FILE for d in served}
@@ -610,6 +609,9 @@ class Tray:
         assert not set(found) & killed, f"daemons of the killed agent survive: {found}"
         assert adopted <= set(found), f"daemons {sorted(adopted)} not adopted: {found}"
         assert pid_files == set(found), f"pid files {pid_files}, daemons {found}"
+        # after the daemons settled: a restarted agent writes the record and the pid file of
+        # the daemon it starts in the background (each through a temporary)
+        assert not self.temporaries(), f"temporaries left: {self.temporaries()}"
         directories = (
             {p.name for p in self.domains_dir.iterdir()} if self.domains_dir.is_dir() else set()
         )
