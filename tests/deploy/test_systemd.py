@@ -82,6 +82,8 @@ def test_unit_is_a_watched_notify_service_that_restarts_with_backoff() -> None:
     assert unit["Service.WatchdogSec"] == ["30s"]
     assert unit["Service.Restart"] == ["always"]
     assert unit["Service.RestartSec"] == ["5s"]
+    # the MPS and IMEX daemons of prepared claims outlive a restart of the agent
+    assert unit["Service.KillMode"] == ["process"]
     assert unit["Unit.StartLimitIntervalSec"] == ["10min"]
     assert unit["Unit.StartLimitBurst"] == ["10"]
     assert unit["Service.EnvironmentFile"] == ["-/etc/gpu-dra-agent/agent.env"]
