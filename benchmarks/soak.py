@@ -229,6 +229,8 @@ async def soak(
     """Run the soak under ``base``; returns the report (nothing raised for a violated bound)."""
     report = SoakReport(cycles, channels=channels)
     async with EmbeddedApiServer() as server, contextlib.AsyncExitStack() as stack:
+        # last, after the agents stopped (also when interrupted): what they left running
+        stack.callback(_kill_processes_under, base)
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         for device_class in default_device_classes():
             server.put_object(device_class)
@@ -276,6 +278,19 @@ async def soak(
         bad = [line for line in log.splitlines() if "ERROR" in line or "Traceback" in line]
         report.errors += [f"{path.name}: {line[:200]}" for line in bad[:20]]
     return report
+
+
+def _kill_processes_under(base: Path) -> None:
+    """SIGKILL every process whose command line names a path under ``base`` (a simulated IMEX
+    daemon a stopped agent left for a prepared claim, when the soak was interrupted), this
+    one excepted."""
+    marker = os.fsencode(str(base)) + b"/"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdecimal() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if marker in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 @contextlib.asynccontextmanager
@@ -422,6 +437,13 @@ async def _run(
                     )
         group.cancel_scope.cancel()
     report.seconds = time.perf_counter() - started
+    if tray is not None:
+        # the channel cycle may have been cut after its prepare: the agent leaves the daemon of
+        # a prepared claim running when it stops (for the next agent to adopt), so unprepare
+        with anyio.fail_after(30):
+            error = (await tray[0].unprepare(CD_DRIVER, [tray[1]]))[tray[1].uid].error
+        if error:
+            report.errors.append(f"channel claim: final unprepare: {error}")
 
 
 async def _interruptible(
