@@ -1,7 +1,13 @@
 """Shared pytest configuration: async tests run on asyncio through the anyio plugin; the
-``spans`` fixture collects the spans the code under test ends in this process."""
+``spans`` fixture collects the spans the code under test ends in this process; ``apiserver``
+(the embedded API server on port 0), ``kubeconfig`` for it and ``api_client`` (a
+kubernetes-asyncio client built from it the way the agent builds one). A folder that needs a
+different server (tests/unit/kube: one with a Node in it) overrides ``apiserver``; the other
+two fixtures then use that one."""
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -9,6 +15,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agent.kube.client import create_api_client
+from agent.sim.apiserver import EmbeddedApiServer
 from agent.telemetry.tracing import configure_tracing
 
 
@@ -28,3 +36,27 @@ def spans() -> Iterator[InMemorySpanExporter]:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     yield exporter
     exporter.shutdown()
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[EmbeddedApiServer]:
+    server = EmbeddedApiServer(bookmark_interval=0.2)
+    await server.start("127.0.0.1", 0)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+def kubeconfig(apiserver: EmbeddedApiServer, tmp_path: Path) -> Path:
+    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture
+async def api_client(kubeconfig: Path) -> AsyncIterator[Any]:
+    client = await create_api_client(kubeconfig)
+    try:
+        yield client
+    finally:
+        await client.close()

@@ -45,7 +45,6 @@ from tests.unit.mig.test_effector import (  # noqa: F401 (fixtures)
     prepare,
     profile,
 )
-from tests.unit.node.engine_support import api_client, apiserver, kubeconfig  # noqa: F401
 
 pytestmark = pytest.mark.anyio
 
