@@ -12,7 +12,15 @@ from pathlib import Path
 
 from agent.memory import pin_mmap_threshold
 from benchmarks import MODULES, Result, table
-from benchmarks.summary import BASELINE, compare, load_baseline, render, summarize, write_baseline
+from benchmarks.summary import (
+    BASELINE,
+    compare,
+    load_baseline,
+    median_rows,
+    render,
+    summarize,
+    write_baseline,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,22 +41,39 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write this run's table as the baseline, with NOTE (machine, load) in it",
     )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="run everything this many times; the table (and a baseline written) has each "
+        "row's median run (1)",
+    )
     args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     # the rows measured in this process (bench_prepare's engine and gRPC server) get the
     # allocator set-up the agent's process makes at start (agent/memory.py)
     pin_mmap_threshold(os.environ)
-    results: list[Result] = []
     started = time.perf_counter()
-    for name in MODULES:
-        if args.only and args.only not in name:
-            continue
-        module = importlib.import_module(name)
-        print(f"running {name} ({args.repeat} runs per measurement) ...", file=sys.stderr)
-        results.extend(module.run(args.repeat))
-    print(table(results))
-    rows = summarize(results)
+    runs = []
+    for run in range(1, args.runs + 1):
+        results: list[Result] = []
+        for name in MODULES:
+            if args.only and args.only not in name:
+                continue
+            module = importlib.import_module(name)
+            print(
+                f"run {run}/{args.runs}: {name} ({args.repeat} runs per measurement) ...",
+                file=sys.stderr,
+            )
+            results.extend(module.run(args.repeat))
+        print(table(results))
+        runs.append(summarize(results))
+    rows = median_rows(runs)
     baseline = load_baseline(args.baseline)
-    print(f"\nThe table (ratios against {args.baseline.name if baseline else 'no baseline'}):")
+    which = f"the median of {args.runs} runs, " if args.runs > 1 else ""
+    against = args.baseline.name if baseline else "no baseline"
+    print(f"\nThe table ({which}ratios against {against}):")
     print(render(rows, baseline))
     flags = compare(rows, baseline)
     for flag in flags:
@@ -59,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         write_baseline(args.baseline, rows, args.write_baseline)
         print(f"baseline written to {args.baseline}", file=sys.stderr)
     print(
-        f"\n{len(results)} measurements in {time.perf_counter() - started:.1f} s", file=sys.stderr
+        f"\n{args.runs} run(s) of {len(results)} measurements in "
+        f"{time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
     )
     return 1 if flags and args.check else 0
 

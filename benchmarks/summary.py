@@ -155,6 +155,21 @@ def load_baseline(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def median_rows(runs: Sequence[Sequence[Row]]) -> list[Row]:
+    """Per row (key and what), the row of the run in the middle by ratio (by value for a row
+    without a floor): a whole row of one run, so its value and floor belong together."""
+    by_row: dict[tuple[str, str], list[Row]] = {}
+    for rows in runs:
+        for row in rows:
+            by_row.setdefault((row.key, row.what), []).append(row)
+
+    def rank(row: Row) -> float:
+        ratio = row.ratio
+        return row.value if ratio is None else ratio
+
+    return [sorted(found, key=rank)[(len(found) - 1) // 2] for found in by_row.values()]
+
+
 def write_baseline(path: Path, rows: Sequence[Row], note: str) -> None:
     document = {
         "note": note,

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks import Result
-from benchmarks.summary import compare, load_baseline, render, summarize, write_baseline
+from benchmarks.summary import (
+    Row,
+    compare,
+    load_baseline,
+    median_rows,
+    render,
+    summarize,
+    write_baseline,
+)
 
 
 def _results(prepare_ms: float, drift_mb: float = 1.0) -> list[Result]:
@@ -48,3 +56,17 @@ def test_the_imex_row_says_not_measured_until_its_benchmark_ran() -> None:
     rows = summarize([*_results(2.0), Result("IMEX attach: channel prepare (tray)", (300.0,))])
     assert "not measured" not in render(rows, None)
     assert next(r for r in rows if r.key == "IMEX").value == 300.0
+
+
+def test_the_median_run_of_each_row_is_kept_whole() -> None:
+    def p1(value: float, floor: float) -> Row:
+        return Row("P1", "prepare", value, "ms", floor=floor, bound=1.5, bound_on_ratio=True)
+
+    def p3(value: float) -> Row:
+        return Row("P3", "event", value, "ms", bound=100)
+
+    runs = [[p1(4.0, 2.0), p3(9.0)], [p1(3.0, 2.5), p3(4.0)], [p1(5.0, 2.0), p3(5.0)]]
+    median = {row.key: row for row in median_rows(runs)}
+    assert median["P1"] == p1(4.0, 2.0)  # ratios 2.0, 1.2, 2.5: the middle one, value and floor
+    assert median["P3"] == p3(5.0)  # no floor: by value
+    assert median_rows(runs[:2])[0] == p1(3.0, 2.5)  # even count: the lower middle
