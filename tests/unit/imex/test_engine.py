@@ -205,6 +205,25 @@ async def test_start_removes_what_no_completed_claim_owns(tmp_path: Path, api_cl
         await leftover.wait()
 
 
+async def prepared_then_stopped(
+    apiserver: EmbeddedApiServer, tmp_path: Path, api_client: Any, name: str
+) -> tuple[str, ClaimRef, ChannelEngine, int]:
+    """A domain, an engine that prepared channel claim ``name`` for it and was then stopped
+    (its task group cancelled, as SIGTERM does): the domain's uid, the claim, the engine and
+    the pid of the daemon it left running."""
+    uid = apiserver.put_object(compute_domain())["metadata"]["uid"]
+    engine, reader = await make_engine(tmp_path, api_client)
+    ref = await channel_claim(apiserver, name, uid)
+    async with anyio.create_task_group() as group:
+        await group.start(engine.run)
+        assert (await engine.prepare([ref]))[ref.uid].error is None
+        pid = engine.daemon.status.pid
+        group.cancel_scope.cancel()
+    await reader.close()
+    assert pid is not None
+    return uid, ref, engine, pid
+
+
 async def test_a_restarted_engine_adopts_the_daemon_of_a_completed_claim(
     apiserver: EmbeddedApiServer, tmp_path: Path, api_client: Any
 ) -> None:
@@ -212,15 +231,7 @@ async def test_a_restarted_engine_adopts_the_daemon_of_a_completed_claim(
     daemon keeps running, and the next engine adopts the same process (counted), reports
     its domain Ready, answers the kubelet's retry from the record and stops the daemon on
     the last unprepare."""
-    uid = apiserver.put_object(compute_domain())["metadata"]["uid"]
-    engine, reader = await make_engine(tmp_path, api_client)
-    ref = await channel_claim(apiserver, "kept", uid)
-    async with anyio.create_task_group() as group:
-        await group.start(engine.run)
-        assert (await engine.prepare([ref]))[ref.uid].error is None
-        pid = engine.daemon.status.pid
-        group.cancel_scope.cancel()
-    await reader.close()
+    uid, ref, engine, pid = await prepared_then_stopped(apiserver, tmp_path, api_client, "kept")
     directory = engine.daemon.directory(uid)
     assert pid is not None and leftover_daemons(directory) == [pid], "left running"
     adoptions = reading().value("gpu_dra_imex_daemon_adoptions")
@@ -250,15 +261,7 @@ async def test_the_daemon_of_a_claim_not_completed_is_replaced_and_stopped_with_
     """A daemon a stopped agent left whose domain only a ``PrepareStarted`` entry serves
     (here: the completed entry turned back) is not adopted but replaced, and the agent
     stopping then stops its daemon: no prepared claim holds the domain."""
-    uid = apiserver.put_object(compute_domain())["metadata"]["uid"]
-    engine, reader = await make_engine(tmp_path, api_client)
-    ref = await channel_claim(apiserver, "started", uid)
-    async with anyio.create_task_group() as group:
-        await group.start(engine.run)
-        assert (await engine.prepare([ref]))[ref.uid].error is None
-        pid = engine.daemon.status.pid
-        group.cancel_scope.cancel()
-    await reader.close()
+    uid, ref, engine, pid = await prepared_then_stopped(apiserver, tmp_path, api_client, "started")
     directory = engine.daemon.directory(uid)
     checkpoint = engine.plugin_dir / "checkpoint.json"
     document = json.loads(checkpoint.read_text())
