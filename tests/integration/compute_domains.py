@@ -6,11 +6,12 @@ server. Used by ``test_compute_domain.py`` and ``test_prometheus.py`` (a tray's 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,25 @@ class Cluster:
         self.nodes: dict[str, Node] = {}
         self.controller: Process | None = None
         self._claims: list[tuple[str, str]] = []
+
+    @contextlib.asynccontextmanager
+    async def node(
+        self, name: str, profile: str = TRAY, address: str | None = None
+    ) -> AsyncIterator[Node]:
+        """A simulated node of ``profile``: its Node object in the API server (``address``
+        as its InternalIP), its kubelet emulator and its directories under the work
+        directory; the agent is not started."""
+        manifest: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        if address:
+            manifest["status"] = {"addresses": [{"type": "InternalIP", "address": address}]}
+        self.server.put_object(manifest)
+        root = self.workdir / name
+        root.mkdir(parents=True, exist_ok=True)
+        async with KubeletEmulator(
+            root / "registry", node_name=name, poll_interval=0.05, api_access=self.api
+        ) as kubelet:
+            node = self.nodes[name] = Node(name, root, kubelet, profile)
+            yield node
 
     async def start(
         self,

@@ -60,8 +60,8 @@ from agent.sim.apiserver.faults import FaultRule, PathPattern
 from agent.sim.control import control_socket_path
 from agent.sim.control.client import send_request
 from agent.sim.deviceclasses import default_device_classes
-from agent.sim.kubelet import ClaimRef, KubeletEmulator
-from tests.integration.compute_domains import TRAY, Cluster, Node
+from agent.sim.kubelet import ClaimRef
+from tests.integration.compute_domains import TRAY, Cluster
 from tests.integration.conftest import DRIVER, NAMESPACE, NODE, AgentHarness, gpu_request
 
 pytestmark = pytest.mark.anyio
@@ -553,25 +553,7 @@ async def domains() -> AsyncIterator[Cluster]:
             for device_class in default_device_classes():
                 server.put_object(device_class)
             cluster = Cluster(root, server)
-            address = [{"type": "InternalIP", "address": "10.0.7.1"}]
-            server.put_object(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": TRAY_NAME},
-                    "status": {"addresses": address},
-                }
-            )
-            kubelet = await stack.enter_async_context(
-                KubeletEmulator(
-                    root / TRAY_NAME / "registry",
-                    node_name=TRAY_NAME,
-                    poll_interval=0.05,
-                    api_access=cluster.api,
-                )
-            )
-            tray = Node(TRAY_NAME, root / TRAY_NAME, kubelet, TRAY)
-            cluster.nodes[TRAY_NAME] = tray
+            tray = await stack.enter_async_context(cluster.node(TRAY_NAME, TRAY, "10.0.7.1"))
             await _start_controller(cluster)
             try:
                 await cluster.start(tray, args=["--api-timeout-seconds", str(API_TIMEOUT_S)])

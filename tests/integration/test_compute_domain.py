@@ -31,7 +31,7 @@ from agent.imex.daemon import CONFIG_FILE, LOG_FILE, NODES_FILE, PID_FILE
 from agent.imex.domains import node_entries
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.deviceclasses import default_device_classes
-from agent.sim.kubelet import ClaimRef, KubeletEmulator
+from agent.sim.kubelet import ClaimRef
 from tests.integration.compute_domains import (
     NAMESPACE,
     READY_TIMEOUT_S,
@@ -73,26 +73,7 @@ async def cluster(workdir: Path) -> AsyncIterator[Cluster]:
         cluster = Cluster(workdir, server)
         try:
             for name, profile in (("tray-a", TRAY), ("tray-b", TRAY), ("plain", "dgx-h100")):
-                node: dict[str, Any] = {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": name},
-                }
-                if ADDRESSES[name]:
-                    node["status"] = {
-                        "addresses": [{"type": "InternalIP", "address": ADDRESSES[name]}]
-                    }
-                server.put_object(node)
-                root = workdir / name
-                kubelet = await stack.enter_async_context(
-                    KubeletEmulator(
-                        root / "registry",
-                        node_name=name,
-                        poll_interval=0.05,
-                        api_access=cluster.api,
-                    )
-                )
-                cluster.nodes[name] = Node(name, root, kubelet, profile)
+                await stack.enter_async_context(cluster.node(name, profile, ADDRESSES[name]))
             await start_controller(cluster)
             async with anyio.create_task_group() as group:
                 for node_ in cluster.nodes.values():

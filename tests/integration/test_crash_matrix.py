@@ -65,7 +65,7 @@ from agent.node.checkpoint import ClaimState, PreparedClaim, from_dict
 from agent.node.checkpoint_store import FILE_NAME as CHECKPOINT_FILE
 from agent.node.durable import is_temporary
 from agent.sharing.mps import daemons_of
-from agent.sim.kubelet import ClaimRef, DraCallError, KubeletEmulator
+from agent.sim.kubelet import ClaimRef, DraCallError
 from agent.sim.state_cli import read_state
 from tests.integration.compute_domains import TRAY, Cluster, eventually
 from tests.integration.compute_domains import Node as ClusterNode
@@ -639,16 +639,7 @@ async def tray(fresh_harness: AgentHarness) -> AsyncIterator[Tray]:
     root = fresh_harness.workdir / "tray"
     root.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(root, server)
-    server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": TRAY_NODE}})
-    async with KubeletEmulator(
-        root / TRAY_NODE / "registry",
-        node_name=TRAY_NODE,
-        poll_interval=0.05,
-        api_access=cluster.api,
-    ) as kubelet:
-        node = ClusterNode(TRAY_NODE, root / TRAY_NODE, kubelet, TRAY)
-        node.root.mkdir(parents=True, exist_ok=True)
-        cluster.nodes[TRAY_NODE] = node
+    async with cluster.node(TRAY_NODE, TRAY) as node:
         tray = Tray(cluster, node, cluster.put_domain("crash-matrix"))
         try:
             yield tray

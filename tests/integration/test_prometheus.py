@@ -41,7 +41,6 @@ from opentelemetry import trace
 
 from agent.imex.daemon import CONFIG_FILE
 from agent.sim.claims import OpaqueConfig
-from agent.sim.kubelet import KubeletEmulator
 from agent.telemetry.metrics import IMEX_NAMES, PROCESS_NAMES, PROMETHEUS_NAMES
 from tests.integration.compute_domains import TRAY, Cluster, Node, eventually, imex_daemons
 from tests.integration.conftest import DRIVER, AgentHarness
@@ -194,22 +193,8 @@ async def tray(fresh_harness: AgentHarness) -> AsyncIterator[tuple[Cluster, Node
     emulator and directories; the test starts its agent, which is stopped here."""
     root = fresh_harness.workdir / "cd"
     root.mkdir()
-    fresh_harness.server.put_object(
-        {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": TRAY_NODE},
-            "status": {"addresses": [{"type": "InternalIP", "address": "10.0.7.1"}]},
-        }
-    )
     cluster = Cluster(root, fresh_harness.server)
-    async with KubeletEmulator(
-        root / TRAY_NODE / "registry",
-        node_name=TRAY_NODE,
-        poll_interval=0.05,
-        api_access=cluster.api,
-    ) as kubelet:
-        node = cluster.nodes[TRAY_NODE] = Node(TRAY_NODE, root / TRAY_NODE, kubelet, TRAY)
+    async with cluster.node(TRAY_NODE, TRAY, "10.0.7.1") as node:
         try:
             yield cluster, node
         finally:
