@@ -175,6 +175,8 @@ class Controller:
         self._waiting: set[str] = set()
         #: Domains (uids) whose template create got no answer: it may have been stored.
         self._unanswered: set[str] = set()
+        #: domain uid -> (status before, status written) of a status write without an answer
+        self._unanswered_status: dict[str, tuple[str | None, str]] = {}
 
     async def run(self) -> None:
         log.info("waiting to lead", extra={"identity": self.identity, "lease": LEASE_NAME})
@@ -313,13 +315,28 @@ class Controller:
             )  # fmt: skip
         wanted = domain_status(domain)
         status = dict(domain.get("status") or {})
-        if status.get("status") != wanted:
-            previous = status.get("status")
+        current = status.get("status")
+        # a transition whose status write got no answer: stored or not, the next pass decides
+        unanswered = self._unanswered_status.pop(ref.uid, None)
+        if current != wanted:
             status["status"] = wanted
-            await self.api.set_status(domain, status)
-            log.info("%s is %s", ref, wanted)
-            if previous is not None or wanted == "Ready":
-                await self.api.event(ref, "Normal", wanted, f"the domain is {wanted}")
+            try:
+                await self.api.set_status(domain, status)
+            except ApiStatusError:
+                raise  # answered: not stored
+            except Exception:
+                self._unanswered_status[ref.uid] = (current, wanted)
+                raise
+            await self._transition(ref, current, wanted)
+        elif unanswered is not None and unanswered[1] == current:
+            await self._transition(ref, unanswered[0], current)  # it was stored: its Event now
+
+    async def _transition(self, ref: DomainRef, previous: str | None, state: str) -> None:
+        """Log a stored change of ``status.status`` and post its Event (not for the first
+        NotReady of a new domain)."""
+        log.info("%s is %s", ref, state)
+        if previous is not None or state == "Ready":
+            await self.api.event(ref, "Normal", state, f"the domain is {state}")
 
 
 def _parse_time(text: Any) -> datetime | None:

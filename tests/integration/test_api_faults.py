@@ -29,9 +29,10 @@ template and status; the controller still leads and renews. The table is in
 docs/RELIABILITY.md ("API faults").
 
 Not here: the controller's template DELETE and finalizer removal on a domain's deletion, its
-Ready/NotReady Events (a status write stored but answered late loses that Event: the next
-pass finds the status already written); Lease creation; a slow answer on more than one call at a time; faults that last longer than
-one or two calls (outages: the soak and the publisher's chaos test).
+Ready/NotReady Events (a status write stored but answered late gets its Event on the next
+pass: a unit test in tests/unit/imex/test_domain_events.py); Lease creation; a slow answer
+on more than one call at a time; faults that last longer than one or two calls (outages:
+the soak and the publisher's chaos test).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Events about a ComputeDomain: a throttled or failed post is posted again, a late one is
-not; a template whose create was answered late still gets its TemplateCreated Event, once."""
+not; a template whose create, or a status whose write, was answered late still gets its
+Event (TemplateCreated, Ready), once."""
 
 from __future__ import annotations
 
@@ -81,3 +82,36 @@ async def test_a_template_stored_but_answered_late_gets_its_event_once(
     assert [e["involvedObject"]["uid"] for e in made if e["reason"] == "TemplateCreated"] == [
         domain["metadata"]["uid"]
     ]
+
+
+async def test_a_status_stored_but_answered_late_gets_its_event_once(
+    apiserver: EmbeddedApiServer, api_client: Any
+) -> None:
+    """The controller's write of ``status.status: Ready`` times out after the server stored
+    it: the next pass finds the domain Ready and posts the Ready Event then, once; later
+    passes post nothing more."""
+    from agent.imex.controller import Controller
+
+    domain = compute_domain(num_nodes=1)
+    domain["status"] = {
+        "status": "NotReady",
+        "nodes": [
+            {"name": "tray-a", "ipAddress": "10.0.0.1", "cliqueID": "c", "index": 0,
+             "status": "Ready"}
+        ],
+    }  # fmt: skip
+    domain = apiserver.put_object(domain)
+    status = "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains/cd/status"
+    late = apiserver.faults.add_latency("PUT", status, 0.5, count=1, after=True)
+    controller = Controller(
+        DomainApi(api_client, request_timeout=0.2), identity="c", lease_namespace="default"
+    )
+    with pytest.raises(TimeoutError):
+        await controller.reconcile_all()
+    assert late.remaining == 0
+    stored_domain = apiserver.get_object("computedomains", "cd", "default") or {}
+    assert stored_domain["status"]["status"] == "Ready"  # the late write was stored
+    assert not stored(apiserver)
+    for _ in range(3):
+        await controller.reconcile_all()
+    assert [e["involvedObject"]["uid"] for e in stored(apiserver)] == [domain["metadata"]["uid"]]
