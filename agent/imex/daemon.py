@@ -57,6 +57,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
@@ -478,7 +479,7 @@ class ImexDaemon:
         (a worker thread): the process (watched from here on, also when the caller is
         cancelled meanwhile), the log's offset before it wrote, the digest of its config."""
         directory = log_path.parent
-        files = {name: _read_text(directory / name) for name in (CONFIG_FILE, NODES_FILE)}
+        digest = _digest_on_disk(directory)
         with log_path.open("ab") as output:  # the child keeps its own descriptor
             start = output.tell()
             child = subprocess.Popen(
@@ -489,7 +490,7 @@ class ImexDaemon:
                 start_new_session=True,  # outlives the agent; no terminal signal reaches it
             )
         running = self._running = _Running(child.pid, directory, child)
-        return running, start, config_digest(files)
+        return running, start, digest
 
     def _set(self, state: str, reason: str) -> None:
         self.status.state = state
@@ -536,11 +537,8 @@ def _forget(directory: Path, pid: int) -> None:
     those of a daemon the other instance of a rolling upgrade started meanwhile)."""
     if _read_text(directory / PID_FILE).strip() == str(pid):
         (directory / PID_FILE).unlink(missing_ok=True)
-    try:
-        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or record.get("pid") == pid:
+    record = _record(directory)
+    if record is None or record.get("pid") == pid:
         (directory / STARTED_FILE).unlink(missing_ok=True)
 
 
@@ -548,16 +546,9 @@ def _recorded_daemon(directory: Path) -> int | None:
     """The one live daemon of ``directory`` whose record names it with the config on disk
     (quietly: None when there is none, or more than one)."""
     pids = leftover_daemons(directory)
-    if len(pids) != 1:
+    if len(pids) != 1 or _unlike_record(directory, pids[0], _digest_on_disk(directory)):
         return None
-    files = {name: _read_text(directory / name) for name in (CONFIG_FILE, NODES_FILE)}
-    try:
-        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
-    except ValueError:
-        return None
-    if not isinstance(record, dict) or record.get("pid") != pids[0]:
-        return None
-    return pids[0] if record.get("config_sha256") == config_digest(files) else None
+    return pids[0]
 
 
 def _adoptable(directory: Path, domain: str, pids: list[int], digest: str) -> int | None:
@@ -572,28 +563,41 @@ def _adoptable(directory: Path, domain: str, pids: list[int], digest: str) -> in
         )
         return None
     pid = pids[0]
-    try:
-        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
-    except ValueError:
-        record = None
-    if not isinstance(record, dict) or record.get("pid") != pid:
+    why = _unlike_record(directory, pid, digest)
+    if why:
         log.info(
-            "not adopting the IMEX daemon pid %d of ComputeDomain %s: no record of the config "
-            "it was started with (%s); restarting it",
+            "not adopting the IMEX daemon pid %d of ComputeDomain %s: %s; restarting it",
             pid,
             domain,
-            STARTED_FILE,
-        )
-        return None
-    if record.get("config_sha256") != digest:
-        log.info(
-            "not adopting the IMEX daemon pid %d of ComputeDomain %s: it was started with "
-            "another config; restarting it",
-            pid,
-            domain,
+            why,
         )
         return None
     return pid
+
+
+def _record(directory: Path) -> dict[str, Any] | None:
+    """The record of the daemon last started for ``directory`` (None: none, or unreadable)."""
+    try:
+        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _unlike_record(directory: Path, pid: int, digest: str) -> str:
+    """Why the record does not name daemon ``pid`` started with the config ``digest`` ("" when
+    it does)."""
+    record = _record(directory)
+    if record is None or record.get("pid") != pid:
+        return f"no record of the config it was started with ({STARTED_FILE})"
+    if record.get("config_sha256") != digest:
+        return "it was started with another config"
+    return ""
+
+
+def _digest_on_disk(directory: Path) -> str:
+    """:func:`config_digest` of the config files in ``directory``."""
+    return config_digest({name: _read_text(directory / name) for name in (CONFIG_FILE, NODES_FILE)})
 
 
 def _read_text(path: Path) -> str:
