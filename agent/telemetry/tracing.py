@@ -41,14 +41,24 @@ SHUTDOWN_FLUSH_MS = 5000
 _PROPAGATOR = TraceContextTextMapPropagator()
 _configured_provider: Any = None
 _processors: list[Any] = []
+_tracer_of: tuple[trace.TracerProvider, trace.Tracer] | None = None
 _causes: contextvars.ContextVar[tuple[trace.Link, ...]] = contextvars.ContextVar(
     "gpu_dra_trace_causes", default=()
 )
 
 
 def tracer() -> trace.Tracer:
-    """The agent's tracer (no-op until a provider is configured)."""
-    return trace.get_tracer(TRACER_NAME)
+    """The agent's tracer (no-op until a provider is configured).
+
+    Kept per provider: the SDK's ``get_tracer`` builds two scope objects and edits the
+    process's warning filters on every call, which cost a traced prepare more than its spans.
+    """
+    global _tracer_of
+    provider = trace.get_tracer_provider()
+    kept = _tracer_of
+    if kept is None or kept[0] is not provider:
+        kept = _tracer_of = (provider, provider.get_tracer(TRACER_NAME))
+    return kept[1]
 
 
 def agent_version() -> str:

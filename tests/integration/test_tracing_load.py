@@ -1,7 +1,7 @@
 """A collector that is down or never answers costs a prepare nothing, and memory stays bounded.
 
 Three agents run side by side, each with its own embedded API server, kubelet emulator and
-directories: tracing off, tracing to a port where nothing listens, tracing to a black hole
+directories: tracing off (metrics on, the default), tracing to a port where nothing listens, tracing to a black hole
 (accepts the connection, reads, never answers). Their prepares are interleaved round by round,
 so that load from elsewhere on the machine falls on all three alike, and compared by median.
 Then the three agents go on (side by side) until each has served 5 000 prepares (and as many
@@ -96,7 +96,10 @@ async def test_dead_collector_costs_no_latency_and_bounded_memory() -> None:
     async with AsyncExitStack() as stack:
         hole = await stack.enter_async_context(BlackHole())
         variants = {
-            "off": {"OTEL_SDK_DISABLED": "true"},
+            # Tracing off as the agent runs by default: metrics on, no tracer provider.
+            # (OTEL_SDK_DISABLED would also switch the metrics off, and then the comparison
+            # would charge the traced agents for their metrics.)
+            "off": {"OTEL_TRACES_EXPORTER": "none"},
             "down": {
                 **quick,
                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",

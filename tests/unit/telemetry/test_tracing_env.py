@@ -218,6 +218,39 @@ def test_full_queue_drops_counts_and_warns_once(caplog: pytest.LogCaptureFixture
     assert sum(points) == drops.total
 
 
+def test_drops_of_counters_sharing_a_meter_are_summed_per_reason() -> None:
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter("t")
+    first, second = DropCounter(meter=meter), DropCounter(meter=meter)
+    for _ in range(1000):
+        first.add(1, "queue_full")
+    second.add(3, "shutdown")
+    second.add(2, "queue_full")
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        point.attributes["reason"]: point.value
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == DROPPED_METRIC
+        for point in metric.data.data_points
+    }
+    assert points == {"queue_full": 1002, "shutdown": 3}
+    assert (first.total, second.total) == (1000, 5)
+
+
+def test_tracer_is_kept_per_provider_and_leaves_the_warning_filters_alone() -> None:
+    import warnings
+
+    from agent.telemetry.tracing import tracer
+
+    kept = tracer()
+    filters = len(warnings.filters)
+    assert all(tracer() is kept for _ in range(100))
+    assert len(warnings.filters) == filters
+
+
 def test_unsampled_spans_never_reach_the_queue() -> None:
     processor = BoundedBatchSpanProcessor(
         StuckExporter(), drops=DropCounter(meter=MeterProvider().get_meter("t"))
