@@ -115,7 +115,7 @@ def test_reconfigurations_of_different_gpus_run_in_parallel(
     nvml_host: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host = nvml_host("dgx-h100")
-    host.library.set_latency(0.2, "nvmlDeviceCreateGpuInstanceWithPlacement")
+    host.library.set_latency(0.4, "nvmlDeviceCreateGpuInstanceWithPlacement")
     for spec in host.profile.gpus[:4]:
         mig_ops.set_mig_mode(spec.uuid, True)
     ops = mig_ops.MigOps(Nvml(), parallel=8)
@@ -128,4 +128,4 @@ def test_reconfigurations_of_different_gpus_run_in_parallel(
         return time.perf_counter() - started
 
     elapsed = anyio.run(main)
-    assert elapsed < 0.6, f"4 GPUs took {elapsed:.2f} s: they were serialized"
+    assert elapsed < 1.2, f"4 GPUs took {elapsed:.2f} s: they were serialized"

@@ -292,7 +292,7 @@ async def test_startup_rolls_back_a_claim_that_never_completed(mig: MigNode) -> 
 
 
 async def test_different_gpus_reconfigure_in_parallel(mig: MigNode) -> None:
-    mig.library.set_latency(0.3, "nvmlDeviceCreateGpuInstanceWithPlacement")
+    mig.library.set_latency(0.5, "nvmlDeviceCreateGpuInstanceWithPlacement")
     engine = await mig.engine()
     try:
         refs = [await mig.node.claim(f"p{i}", [f"gpu-{i}-mig-3g40gb-9-0"]) for i in range(4)]
@@ -300,7 +300,7 @@ async def test_different_gpus_reconfigure_in_parallel(mig: MigNode) -> None:
         results = await engine.prepare(refs)
         elapsed = time.monotonic() - started
         assert [r.error for r in results.values()] == [None] * 4
-        assert elapsed < 1.0, elapsed  # one after the other would take 1.2 s
+        assert elapsed < 1.5, elapsed  # one after the other would take 2 s
         mig.library.set_latency(0.0, "nvmlDeviceCreateGpuInstanceWithPlacement")
         assert set((await engine.unprepare(refs)).values()) == {None}
     finally:
