@@ -48,6 +48,11 @@ LEASE_NAME = "gpu-dra-agent-controller"
 Obj = dict[str, Any]
 
 
+def _reason(error: BaseException) -> str:
+    """An exception for a log line: a timeout's message is empty, its type is not."""
+    return str(error) or type(error).__name__
+
+
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--kubeconfig", type=Path, help="kubeconfig file [KUBECONFIG] (default: in-cluster)")
@@ -180,7 +185,7 @@ class Controller:
 
     async def run(self) -> None:
         log.info("waiting to lead", extra={"identity": self.identity, "lease": LEASE_NAME})
-        while not await self._try_lease():  # noqa: ASYNC110 - the Lease is remote
+        while not await self._lease_taken():  # noqa: ASYNC110 - the Lease is remote
             await anyio.sleep(min(2.0, self.lease_seconds / 3))
         log.info("leading: reconciling ComputeDomains", extra={"identity": self.identity})
         async with anyio.create_task_group() as group:
@@ -189,7 +194,7 @@ class Controller:
                 try:
                     await self.reconcile_all()
                 except Exception as error:  # logged; the next pass tries again
-                    log.warning("reconciling ComputeDomains failed: %s", error)
+                    log.warning("reconciling ComputeDomains failed: %s", _reason(error))
                 await anyio.sleep(self.resync_seconds)
 
     # -- leader election --------------------------------------------------------------------
@@ -237,6 +242,15 @@ class Controller:
         self._renewed = anyio.current_time()
         return True
 
+    async def _lease_taken(self) -> bool:
+        """One try to take the Lease while waiting to lead: an API failure (its GET or the
+        create or replace) is logged and the next try comes, as for a renewal."""
+        try:
+            return await self._try_lease()
+        except Exception as error:
+            log.warning("taking the Lease failed: %s", _reason(error))
+            return False
+
     async def _keep_lease(self, group: Any) -> None:
         while True:
             await anyio.sleep(self.lease_seconds / 3)
@@ -244,7 +258,7 @@ class Controller:
                 if await self._try_lease():
                     continue
             except Exception as error:
-                log.warning("renewing the Lease failed: %s", error)
+                log.warning("renewing the Lease failed: %s", _reason(error))
             if anyio.current_time() - self._renewed > self.lease_seconds:
                 raise AgentError(
                     f"lost the Lease {self.lease_namespace}/{LEASE_NAME}: not renewed for "

@@ -13,26 +13,28 @@ embedded API server, whose fault injector makes one kind of call fail in one way
   slice and Node lists); the ResourceClaim GET of prepare; Event POST; and, on a second API
   server with a GB200 tray's agent and the controller, the ComputeDomain status writes (the
   agent's join and report, the controller's status), the controller's Lease renewal (GET and
-  PUT) and its calls for a new domain (the list of all domains, the domain's replace that adds
-  the finalizer, the template's GET and create, the TemplateCreated Event).
+  PUT) and its creation by a controller that finds none, its calls for a new domain (the list
+  of all domains, the domain's replace that adds the finalizer, the template's GET and create,
+  the TemplateCreated Event) and for a deleted one (the template's DELETE, the replace that
+  removes the finalizer).
 
 Each row arms its fault, makes the agent need the call (a wipe of the slices, an edited or an
 extra slice, a Node deleted and registered again, a prepare, an XID, a restart, a new domain,
-the next renewal), checks that the fault was really met (a slow answer: also that the client
+a deleted domain, the next renewal, a controller's start), checks that the fault was really met (a slow answer: also that the client
 gave up on it, by the failure it logs), and then that within 5 s after the faults stop (a
 slow answer's: once it is sent) the node converges: its slices equal a clean start's (same
 devices and attributes, owned by the current Node), one generation, no slice lost or
 duplicated; a claim whose GET failed got its own error while the other claim of the request
 was prepared, and the kubelet's retry succeeds; each Event is written exactly once; the
 domain is Ready with the node Ready in it, or (the controller's rows) has its finalizer,
-template and status; the controller still leads and renews. The table is in
+template and status, or (a deleted domain) is gone with its template; the controller still
+leads and renews, and one that found no Lease takes it. The table is in
 docs/RELIABILITY.md ("API faults").
 
-Not here: the controller's template DELETE and finalizer removal on a domain's deletion, its
-Ready/NotReady Events (a status write stored but answered late gets its Event on the next
-pass: a unit test in tests/unit/imex/test_domain_events.py); Lease creation; a slow answer
-on more than one call at a time; faults that last longer than one or two calls (outages:
-the soak and the publisher's chaos test).
+Not here: the controller's Ready/NotReady Events (a status write stored but answered late gets
+its Event on the next pass: a unit test in tests/unit/imex/test_domain_events.py); a slow
+answer on more than one call at a time; faults that last longer than one or two calls
+(outages: the soak and the publisher's chaos test).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import pytest
 
 from agent.imex.domains import node_entries
@@ -580,21 +583,29 @@ def controller_log(cluster: Cluster) -> str:
     return (cluster.workdir / "controller.log").read_text(errors="replace")
 
 
-async def _start_controller(cluster: Cluster) -> None:
+async def _controller(
+    cluster: Cluster, log_path: Path, lease_namespace: str, identity: str
+) -> anyio.abc.Process:
     """The controller as tests/integration/compute_domains.py starts it, with a 6 s Lease
     (renewed every 2 s) so that the Lease rows take seconds."""
-    with (cluster.workdir / "controller.log").open("wb") as log:
-        cluster.controller = await anyio.open_process(
+    with log_path.open("wb") as log:
+        return await anyio.open_process(
             [
                 *(sys.executable, "-m", "agent", "controller"),
                 *("--kubeconfig", str(cluster.kubeconfig)),
-                *("--lease-namespace", LEASE_NAMESPACE, "--identity", "controller-0"),
+                *("--lease-namespace", lease_namespace, "--identity", identity),
                 *("--resync-seconds", "0.2", "--lease-seconds", str(LEASE_S)),
                 *("--api-timeout-seconds", str(API_TIMEOUT_S)),
             ],
             stdout=log,
             stderr=log,
         )
+
+
+async def _start_controller(cluster: Cluster) -> None:
+    cluster.controller = await _controller(
+        cluster, cluster.workdir / "controller.log", LEASE_NAMESPACE, "controller-0"
+    )
 
 
 @pytest.mark.parametrize("fault", WRITE_FAULTS, ids=_ids)
@@ -753,5 +764,81 @@ async def test_controller_calls(cluster: Cluster, call: str, fault: Fault) -> No
         await anyio.sleep(0.05)
     await sleep_until(since + 0.3)  # a late answer must not make the controller post again
     assert len(template_events(cluster, name)) == 1, template_events(cluster, name)
+    await timed_out.check(since + CONVERGE_S)
+    assert cluster.controller is not None and cluster.controller.returncode is None
+
+
+@pytest.mark.parametrize("fault", WRITE_FAULTS, ids=_ids)
+async def test_controller_lease_create(cluster: Cluster, fault: Fault) -> None:
+    """A controller that finds no Lease (a Lease namespace of its own) meets a failed create:
+    it stays up waiting to lead, and holds the Lease within 5 s after the fault. (It then
+    reconciles too, alongside controller-0, and finds nothing to do; the row stops it.)"""
+    namespace, identity = f"lease-create-{fault.name}", f"controller-{fault.name}"
+    log_path = cluster.workdir / f"{namespace}.log"
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+    rule = fault.arm(cluster.server, "POST", path, watch=False)
+    process = await _controller(cluster, log_path, namespace, identity)
+    try:
+        timed_out = GaveUp(log_path.read_text, fault, "taking the Lease failed", fresh=True)
+        since = await spent(rule, timeout=15)  # the process starts first
+
+        def holder() -> str | None:
+            leases = cluster.server.list_objects("leases", namespace)
+            return leases[0]["spec"].get("holderIdentity") if leases else None
+
+        # a create stored but answered late holds the Lease already: the controller leads
+        # once a later try finds it its own
+        while holder() != identity or "leading: reconciling" not in log_path.read_text():
+            assert process.returncode is None, log_path.read_text()
+            assert time.monotonic() < since + CONVERGE_S, f"not leading; Lease: {holder()!r}"
+            await anyio.sleep(0.05)
+        await timed_out.check(since + CONVERGE_S)
+        assert process.returncode is None, log_path.read_text()
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
+
+
+DELETION_CALLS = ["template delete", "finalizer removal"]
+DELETION_ROWS = [(call, fault) for call in DELETION_CALLS for fault in WRITE_FAULTS]
+
+
+@pytest.mark.parametrize(
+    ("call", "fault"), DELETION_ROWS, ids=[f"{c}-{f.name}" for c, f in DELETION_ROWS]
+)
+async def test_controller_deletion(cluster: Cluster, call: str, fault: Fault) -> None:
+    """A reconciled domain (no node joined it) is deleted while the controller's template
+    DELETE or its replace that removes the finalizer fails: within 5 s after the fault the
+    template and the domain are gone; the controller still leads."""
+    name = f"del-{call.split()[0]}-{fault.name}"
+    cluster.put_domain(name, namespace=CONTROLLER_NS, num_nodes=1)
+    with anyio.fail_after(2 * CONVERGE_S):
+        while reconciled(cluster, name) is not None:  # noqa: ASYNC110 - another process
+            await anyio.sleep(0.05)
+    template = f"{name}-channel"
+    method, path = (
+        ("DELETE", f"{TEMPLATES}/{template}")
+        if call == "template delete"
+        else _controller_call("domain replace", name)
+    )
+    timed_out = GaveUp(lambda: controller_log(cluster), fault, "reconciling ComputeDomains failed")
+    rule = fault.arm(cluster.server, method, path, watch=False)
+    assert cluster.server.delete_object("computedomains", name, CONTROLLER_NS) is not None
+    since = await spent(rule, timeout=CONVERGE_S)
+
+    def left() -> list[str]:
+        return [
+            kind
+            for kind, object_name in (
+                ("computedomains", name),
+                ("resourceclaimtemplates", template),
+            )
+            if cluster.server.get_object(kind, object_name, CONTROLLER_NS) is not None
+        ]
+
+    while left():
+        assert time.monotonic() < since + CONVERGE_S, f"still there: {left()}"
+        await anyio.sleep(0.05)
     await timed_out.check(since + CONVERGE_S)
     assert cluster.controller is not None and cluster.controller.returncode is None
