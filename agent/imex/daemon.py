@@ -40,74 +40,59 @@ to adopt, and stopped otherwise. During a rolling upgrade whose instances see ea
 processes, both watch the one daemon; when one restarts it for a changed config, the other,
 seeing its daemon exit, adopts the new one (the one daemon of the directory whose record has
 the config on disk) rather than replacing it.
+
+The files, the start record and the ``/proc`` scan are :mod:`agent.imex.daemon_files`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
-import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 from anyio.abc import TaskStatus
 
 from agent.crash import crash_point
+from agent.imex.daemon_files import (
+    CONFIG_FILE,
+    LOG_FILE,
+    PID_FILE,
+    STARTED_FILE,
+    STOP_GRACE_S,
+    adoptable,
+    config_digest,
+    digest_on_disk,
+    end_of_lines,
+    forget,
+    is_daemon_of,
+    kill_leftover,
+    leftover_daemons,
+    read_from,
+    read_text,
+    recorded_daemon,
+    render_config,
+)
 from agent.node.durable import write_atomic
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "imexd.cfg"
-NODES_FILE = "nodes_config.cfg"
-PID_FILE = "imex.pid"
-STARTED_FILE = "imex.started.json"
-LOG_FILE = "imex.log"
 #: How often the agent reads new lines of ``imex.log``.
 FOLLOW_INTERVAL_S = 0.1
 #: How often an adopted daemon is checked where the kernel has no pidfd.
 POLL_S = 0.5
-SERVER_PORT = 50000
-CMD_PORT = 50005
-STOP_GRACE_S = 5.0
 QUERY_TIMEOUT_S = 5.0
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 STABLE_S = 60.0
-
-
-def render_config(directory: Path, own_ip: str, peers: Sequence[str]) -> dict[str, str]:
-    """The daemon's files (name -> text) for a domain whose nodes in this clique are
-    ``peers`` (addresses in index order)."""
-    settings = [
-        "# rendered by gpu-dra-agent; rewritten when the domain's nodes change",
-        f"IMEX_NODE_CONFIG_FILE={directory / NODES_FILE}",
-        f"IMEX_CMD_BIND_INTERFACE_IP={own_ip}",
-        f"SERVER_PORT={SERVER_PORT}",
-        f"IMEX_CMD_PORT={CMD_PORT}",
-        "IMEX_CMD_ENABLED=1",
-        "IMEX_WAIT_FOR_QUORUM=RECOVERY",
-        "LOG_FILE_NAME=",
-        "LOG_LEVEL=2",
-    ]
-    return {CONFIG_FILE: "\n".join(settings) + "\n", NODES_FILE: "".join(f"{p}\n" for p in peers)}
-
-
-def config_digest(files: Mapping[str, str]) -> str:
-    """The SHA-256 of a rendered config (file name -> text), as the record holds it."""
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        digest.update(f"{name}\0{files[name]}\0".encode())
-    return digest.hexdigest()
 
 
 @dataclass
@@ -227,7 +212,7 @@ class ImexDaemon:
                 extra={"domain": domain},
             )
             return changed, None
-        return changed, _adoptable(directory, domain, pids, config_digest(files))
+        return changed, adoptable(directory, domain, pids, config_digest(files))
 
     async def stop(self, domain: str, timeout: float = STOP_GRACE_S + 2) -> None:  # noqa: ASYNC109
         """Stop the domain's daemon (if it is the one running) and remove its directory."""
@@ -347,7 +332,7 @@ class ImexDaemon:
                 else:
                     await self._terminate()
                     if running is not None:
-                        _forget(running.directory, running.pid)
+                        forget(running.directory, running.pid)
                     self._set("stopped", "stop")
                 self._stopped.set()
 
@@ -363,7 +348,7 @@ class ImexDaemon:
         log_path = directory / LOG_FILE
         adopt, self._adopt = self._adopt, None
         if adopt is None and after_exit:
-            sibling = await anyio.to_thread.run_sync(_recorded_daemon, directory)
+            sibling = await anyio.to_thread.run_sync(recorded_daemon, directory)
             if sibling is not None:
                 adopt = (domain, sibling)
         running: _Running | None = None
@@ -378,8 +363,8 @@ class ImexDaemon:
                     domain,
                 )
         if running is not None:
-            start = await anyio.to_thread.run_sync(_end_of_lines, log_path)
-            if _read_text(directory / PID_FILE).strip() != str(running.pid):
+            start = await anyio.to_thread.run_sync(end_of_lines, log_path)
+            if read_text(directory / PID_FILE).strip() != str(running.pid):
                 write_atomic(directory / PID_FILE, f"{running.pid}\n".encode())
             self._running = running
             self.status.pid, self.status.adopted = running.pid, True
@@ -428,7 +413,7 @@ class ImexDaemon:
         read = [start]  # offset of the first byte not yet logged (a whole line)
 
         def follow() -> None:
-            chunk = _read_from(log_path, read[0])
+            chunk = read_from(log_path, read[0])
             complete = chunk[: chunk.rfind(b"\n") + 1]
             read[0] += len(complete)
             say(complete.split(b"\n"))
@@ -454,7 +439,7 @@ class ImexDaemon:
         await anyio.to_thread.run_sync(follow)  # its last words
         self._running = None
         self.status.pid, self.status.adopted = None, False
-        _forget(directory, running.pid)
+        forget(directory, running.pid)
         if running.child is None:
             return "exit status unknown (adopted: not a child of this agent process)"
         code = running.child.wait()  # it has exited: reaped at once
@@ -479,7 +464,7 @@ class ImexDaemon:
         (a worker thread): the process (watched from here on, also when the caller is
         cancelled meanwhile), the log's offset before it wrote, the digest of its config."""
         directory = log_path.parent
-        digest = _digest_on_disk(directory)
+        digest = digest_on_disk(directory)
         with log_path.open("ab") as output:  # the child keeps its own descriptor
             start = output.tell()
             child = subprocess.Popen(
@@ -530,162 +515,3 @@ async def _exited(running: _Running) -> None:
     finally:
         if pidfd is not None and pidfd >= 0:
             os.close(pidfd)
-
-
-def _forget(directory: Path, pid: int) -> None:
-    """Remove ``imex.pid`` and the record if they name the daemon ``pid`` that exited (not
-    those of a daemon the other instance of a rolling upgrade started meanwhile)."""
-    if _read_text(directory / PID_FILE).strip() == str(pid):
-        (directory / PID_FILE).unlink(missing_ok=True)
-    record = _record(directory)
-    if record is None or record.get("pid") == pid:
-        (directory / STARTED_FILE).unlink(missing_ok=True)
-
-
-def _recorded_daemon(directory: Path) -> int | None:
-    """The one live daemon of ``directory`` whose record names it with the config on disk
-    (quietly: None when there is none, or more than one)."""
-    pids = leftover_daemons(directory)
-    if len(pids) != 1 or _unlike_record(directory, pids[0], _digest_on_disk(directory)):
-        return None
-    return pids[0]
-
-
-def _adoptable(directory: Path, domain: str, pids: list[int], digest: str) -> int | None:
-    """The leftover daemon to adopt: the one daemon of ``directory`` whose record names it
-    with the config ``digest``; None (it is replaced) otherwise, saying why."""
-    if len(pids) > 1:
-        log.warning(
-            "%d IMEX daemons (pids %s) run for ComputeDomain %s: replacing them by one",
-            len(pids),
-            ", ".join(map(str, pids)),
-            domain,
-        )
-        return None
-    pid = pids[0]
-    why = _unlike_record(directory, pid, digest)
-    if why:
-        log.info(
-            "not adopting the IMEX daemon pid %d of ComputeDomain %s: %s; restarting it",
-            pid,
-            domain,
-            why,
-        )
-        return None
-    return pid
-
-
-def _record(directory: Path) -> dict[str, Any] | None:
-    """The record of the daemon last started for ``directory`` (None: none, or unreadable)."""
-    try:
-        record = json.loads(_read_text(directory / STARTED_FILE) or "null")
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def _unlike_record(directory: Path, pid: int, digest: str) -> str:
-    """Why the record does not name daemon ``pid`` started with the config ``digest`` ("" when
-    it does)."""
-    record = _record(directory)
-    if record is None or record.get("pid") != pid:
-        return f"no record of the config it was started with ({STARTED_FILE})"
-    if record.get("config_sha256") != digest:
-        return "it was started with another config"
-    return ""
-
-
-def _digest_on_disk(directory: Path) -> str:
-    """:func:`config_digest` of the config files in ``directory``."""
-    return config_digest({name: _read_text(directory / name) for name in (CONFIG_FILE, NODES_FILE)})
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def _end_of_lines(path: Path) -> int:
-    """The offset after the last whole line of ``path`` (0 if it has none): an adopted
-    daemon's log is followed from there, its next line whole."""
-    try:
-        with path.open("rb") as file:
-            end = file.seek(0, os.SEEK_END)
-            offset = max(0, end - (1 << 16))
-            file.seek(offset)
-            chunk = file.read()
-    except OSError:
-        return 0
-    last = chunk.rfind(b"\n")
-    return offset + last + 1 if last >= 0 else end if offset else 0
-
-
-def _read_from(path: Path, offset: int, limit: int = 1 << 16) -> bytes:
-    """Up to ``limit`` bytes of ``path`` from ``offset`` (nothing if it is gone)."""
-    try:
-        with path.open("rb") as file:
-            file.seek(offset)
-            return file.read(limit)
-    except OSError:
-        return b""
-
-
-def is_daemon_of(pid: int, directory: Path) -> bool:
-    """Whether ``pid`` is a live daemon (not a zombie) started for ``directory``: its command
-    line ends with ``-c <directory>/imexd.cfg``, as the agent starts the daemon
-    (``nvidia-imex-ctl``'s ends with ``-q``)."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    if argv[-1:] == [b""]:
-        argv = argv[:-1]
-    return argv[-2:] == [b"-c", str(directory / CONFIG_FILE).encode()] and not _zombie(pid)
-
-
-def leftover_daemons(directory: Path) -> list[int]:
-    """The live processes of a daemon started for ``directory`` (:func:`is_daemon_of`).
-    Found by their command line, not by the pid file: an agent killed between starting the
-    daemon and recording its pid leaves a daemon no pid file names (the crash point
-    ``after-imex-daemon-spawn``)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdecimal() and is_daemon_of(int(entry.name), directory):
-            found.append(int(entry.name))
-    return sorted(found)
-
-
-def kill_leftover(directory: Path) -> list[int]:
-    """Stop the daemons a previous agent left running for this directory (SIGTERM to each
-    one's process group, SIGKILL after ``STOP_GRACE_S``) and remove its pid file and
-    record; returns their pids."""
-    pids = leftover_daemons(directory)
-    for pid in pids:
-        log.warning("stopping the IMEX daemon (pid %d) a previous agent left running", pid)
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while (alive := [p for p in pids if not _gone(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in alive:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    for name in (PID_FILE, STARTED_FILE):
-        (directory / name).unlink(missing_ok=True)
-    return pids
-
-
-def _gone(pid: int) -> bool:
-    return not Path(f"/proc/{pid}").exists() or _zombie(pid)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except (OSError, IndexError):
-        return True

@@ -64,7 +64,8 @@ from agent.hardware.hostfiles import HostFiles
 from agent.imex import metrics
 from agent.imex.cdi import CHANNELS_MAJOR_NAME, channel_spec, channels_for
 from agent.imex.config import DRIVER, AllocationMode, channel_config_for
-from agent.imex.daemon import ImexDaemon, kill_leftover
+from agent.imex.daemon import ImexDaemon
+from agent.imex.daemon_files import kill_leftover
 from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref, node_entries
 from agent.imex.fabric import CHANNEL_DEVICE, Clique
 from agent.kube.claims import ClaimReader

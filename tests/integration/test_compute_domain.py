@@ -27,7 +27,7 @@ import anyio
 import pytest
 
 from agent.imex.config import DRIVER as CD_DRIVER
-from agent.imex.daemon import CONFIG_FILE, LOG_FILE, NODES_FILE, PID_FILE
+from agent.imex.daemon_files import CONFIG_FILE, LOG_FILE, NODES_FILE, PID_FILE
 from agent.imex.domains import node_entries
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.deviceclasses import default_device_classes

@@ -56,7 +56,7 @@ from agent.hardware.simulated.tools import read_timeslices
 from agent.imex.cdi import channel_spec, channels_for
 from agent.imex.config import DRIVER as CD_DRIVER
 from agent.imex.config import AllocationMode
-from agent.imex.daemon import CONFIG_FILE, PID_FILE
+from agent.imex.daemon_files import CONFIG_FILE, PID_FILE
 from agent.imex.domains import CONDITION_PREFIX, NodeEntry, node_entries
 from agent.imex.fabric import CHANNEL_DEVICE
 from agent.imex.wiring import SIM_CHANNELS_MAJOR

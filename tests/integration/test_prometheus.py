@@ -39,7 +39,7 @@ import anyio
 import pytest
 from opentelemetry import trace
 
-from agent.imex.daemon import CONFIG_FILE
+from agent.imex.daemon_files import CONFIG_FILE
 from agent.sim.claims import OpaqueConfig
 from agent.telemetry.metrics import IMEX_NAMES, PROCESS_NAMES, PROMETHEUS_NAMES
 from tests.integration.compute_domains import TRAY, Cluster, Node, eventually, imex_daemons

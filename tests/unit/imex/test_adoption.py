@@ -15,14 +15,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.imex.daemon import (
-    LOG_FILE,
-    PID_FILE,
-    STARTED_FILE,
-    DaemonStatus,
-    ImexDaemon,
-    leftover_daemons,
-)
+from agent.imex.daemon import DaemonStatus, ImexDaemon
+from agent.imex.daemon_files import LOG_FILE, PID_FILE, STARTED_FILE, leftover_daemons
 from agent.imex.simulated import install_tools
 
 pytestmark = pytest.mark.anyio

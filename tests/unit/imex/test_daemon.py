@@ -13,14 +13,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from agent.imex.daemon import (
-    CONFIG_FILE,
-    NODES_FILE,
-    PID_FILE,
-    DaemonStatus,
-    ImexDaemon,
-    leftover_daemons,
-)
+from agent.imex.daemon import DaemonStatus, ImexDaemon
+from agent.imex.daemon_files import CONFIG_FILE, NODES_FILE, PID_FILE, leftover_daemons
 from agent.imex.simulated import install_tools
 
 pytestmark = pytest.mark.anyio

@@ -20,7 +20,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from agent.imex.cdi import channel_spec
 from agent.imex.config import DRIVER, ChannelConfig
-from agent.imex.daemon import CONFIG_FILE, ImexDaemon, leftover_daemons
+from agent.imex.daemon import ImexDaemon
+from agent.imex.daemon_files import CONFIG_FILE, leftover_daemons
 from agent.imex.domains import DomainApi, node_entries
 from agent.imex.engine import ChannelEngine
 from agent.imex.fabric import Clique
