@@ -46,14 +46,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
 import anyio
-from opentelemetry import trace
 
 from agent.crash import crash_point
 from agent.dra.partitionable import (
@@ -64,12 +62,21 @@ from agent.dra.partitionable import (
     mode_change_without_reset,
     owned_by_intents,
 )
-from agent.hardware import mig_ops
 from agent.hardware.errors import NvmlCallFailed
 from agent.hardware.hostfiles import HostFiles
-from agent.hardware.inventory import Gpu, Inventory
-from agent.hardware.mig_ops import FULL_CI_PROFILE_BY_SLICES, LiveGpuInstance, MigOps
+from agent.hardware.inventory import Inventory
+from agent.hardware.mig_ops import LiveGpuInstance, MigOps
 from agent.mig import rules
+from agent.mig.steps import (
+    HalfMade,
+    InstanceBusy,
+    ModeOff,
+    Occupied,
+    destroy_instance,
+    full_compute_profile,
+    make_instance,
+    reconfigure_span,
+)
 from agent.node import checkpoint as cp
 from agent.node.effectors import (
     Describe,
@@ -80,8 +87,7 @@ from agent.node.effectors import (
     undo_unfinished,
 )
 from agent.node.plan import NodeDevice, node_devices
-from agent.telemetry.metrics import MIG_RECONFIGURATIONS, MIG_RECONFIGURE_DURATION, add, observe
-from agent.telemetry.tracing import tracer
+from agent.telemetry.metrics import MIG_RECONFIGURATIONS, add
 
 log = logging.getLogger(__name__)
 
@@ -93,32 +99,6 @@ BUSY_BACKOFF_MAX_S = 1.0
 
 
 _T = TypeVar("_T")
-
-
-class _Occupied(Exception):
-    """The placement overlaps an existing GPU instance."""
-
-    def __init__(self, instance: LiveGpuInstance) -> None:
-        super().__init__(f"GPU instance {instance.id}")
-        self.instance = instance
-
-
-class _ModeOff(Exception):
-    """MIG mode is off and this GPU cannot switch it without a reset."""
-
-
-class _HalfMade(Exception):
-    """The GPU instance was made (``gi_id``; None: it may have been, its id is unknown), its
-    compute instance was not."""
-
-    def __init__(self, gi_id: int | None, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.gi_id = gi_id
-        self.cause = cause
-
-
-class InstanceBusy(EffectFailed):
-    """An instance to destroy is still in use after the retries (retryable)."""
 
 
 @dataclass
@@ -271,7 +251,7 @@ class MigEffector:
             ("profileID", slot.profile.profile_id),
             ("start", slot.placement.start),
             ("size", slot.placement.size),
-            ("computeProfile", _full_compute_profile(slot)),
+            ("computeProfile", full_compute_profile(slot)),
         )
         return cp.Intent(NAME, device, parameters)
 
@@ -331,7 +311,7 @@ class MigEffector:
             )
         if not enabled:
             return False
-        with self._reconfigure("mode", gpu) as span:
+        with reconfigure_span("mode", gpu) as span:
             span.set_attribute("mig.mode", "off")
             await self._ops.set_mig_mode(gpu.uuid, False)
         return False
@@ -347,10 +327,11 @@ class MigEffector:
         gpu, slot = node.gpu, node.slot
         assert slot is not None
         start, size = slot.placement.start, slot.placement.size
-        with self._reconfigure("create", gpu, intent) as span:
+        with reconfigure_span("create", gpu, intent) as span:
             try:  # one trip to the NVML thread for the whole sequence
                 gi_id, ci_id, mig_uuid, minors, mode_on = await self._ops.run(
-                    self._make_mig_device,
+                    make_instance,
+                    self._host,
                     gpu.uuid,
                     gpu.minor,
                     mode_change_without_reset(gpu),
@@ -359,19 +340,19 @@ class MigEffector:
                     size,
                     intent.integer("computeProfile"),
                 )
-            except _Occupied as occupied:
+            except Occupied as occupied:
                 raise EffectFailed(
                     f"claim {uid}: device {node.name} cannot be made: placement "
                     f"{start}+{size} of GPU {gpu.minor} ({gpu.uuid}) is occupied by "
                     f"{self._describe_instance(gpu.uuid, occupied.instance)}"
                 ) from None
-            except _ModeOff:
+            except ModeOff:
                 raise EffectFailed(
                     f"claim {uid}: device {node.name}: MIG mode of GPU {gpu.minor} "
                     f"({gpu.uuid}) is off, and an {gpu.architecture} GPU needs a reset to "
                     "turn it on; enable MIG mode (nvidia-smi -mig 1) and reset the GPU"
                 ) from None
-            except _HalfMade as half:
+            except HalfMade as half:
                 created.append(_Made(intent, half.gi_id))
                 if half.gi_id is not None:
                     self._owners[(gpu.uuid, half.gi_id)] = uid
@@ -397,50 +378,6 @@ class MigEffector:
         mig = cp.MigInstance(gpu.uuid, gi_id, ci_id, self._caps_major, *minors)
         live = LiveGpuInstance(gi_id, slot.profile.profile_id, start, size)
         return replace(device, uuid=mig_uuid, mig=mig), live
-
-    def _make_mig_device(
-        self,
-        parent: str,
-        gpu_minor: int,
-        may_switch_mode: bool,
-        profile_id: int,
-        start: int,
-        size: int,
-        compute_profile: int,
-    ) -> tuple[int, int, str, tuple[int, int] | None, bool]:
-        """In the NVML thread: check that (start, size) is free, MIG mode on if it is off
-        (``may_switch_mode``), the GPU instance, its compute instance. Returns their ids, the
-        MIG UUID, the capability minors and whether MIG mode was switched on."""
-        layout = mig_ops.read_layout(parent, with_uuids=False)
-        for gi in layout.instances:
-            if gi.start < start + size and start < gi.start + gi.size:
-                raise _Occupied(gi)
-        mode_on = not layout.mig_enabled
-        if mode_on:
-            if not may_switch_mode:
-                raise _ModeOff()
-            mig_ops.set_mig_mode(parent, True)
-        try:
-            gi_id = mig_ops.create_gpu_instance(parent, profile_id, start, size)
-        except Exception as error:
-            # NVML may have made the instance and failed reading its id back (GetInfo): then
-            # only its placement knows it, and nothing must be left there unowned (the retry
-            # found "occupied, not made by this agent" for ever). Destroying by placement
-            # finds nothing when the creation itself failed.
-            raise _HalfMade(None, error) from error
-        crash_point("after-gpu-instance")
-        try:
-            ci_id, mig_uuid = mig_ops.create_compute_instance(parent, gi_id, compute_profile)
-        except Exception as error:
-            raise _HalfMade(gi_id, error) from error
-        crash_point("after-compute-instance")
-        minors = self._cap_minors(gpu_minor, gi_id, ci_id)
-        return gi_id, ci_id, mig_uuid, minors, mode_on
-
-    def _cap_minors(self, gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int] | None:
-        gi = self._host.mig_capability_minor(gpu_minor, gi_id)
-        ci = self._host.mig_capability_minor(gpu_minor, gi_id, ci_id)
-        return None if gi is None or ci is None else (gi, ci)
 
     async def _destroy_made(self, uid: str, created: list[_Made]) -> tuple[cp.Intent, ...]:
         """Destroy what a failed attempt made; the intents of what is still there."""
@@ -470,11 +407,12 @@ class MigEffector:
             and gpu is not None
             and mode_change_without_reset(gpu)
         )
-        with self._reconfigure("destroy", gpu, intent, parent=parent) as span:
+        with reconfigure_span("destroy", gpu, intent, parent=parent) as span:
             outcome, found, cis, switched = await self._retry_busy(
                 uid,
                 intent,
-                self._destroy_mig_device,
+                destroy_instance,
+                self._owners,
                 uid,
                 parent,
                 intent.integer("start"),
@@ -492,50 +430,6 @@ class MigEffector:
             if switched:
                 span.set_attribute("mig.mode", "off")
                 add(MIG_RECONFIGURATIONS, 1, operation="mode", outcome="success")
-
-    def _destroy_mig_device(
-        self,
-        uid: str,
-        parent: str,
-        start: int,
-        profile_id: int,
-        gi_id: int | None,
-        mode_off: bool,
-    ) -> tuple[str, int | None, list[int], bool]:
-        """In the NVML thread: find the instance by placement (and id, when recorded), destroy
-        its compute instances and itself, MIG mode off if asked and nothing is left. Returns
-        the outcome, the GI id, the CI ids and whether MIG mode went off. Idempotent: a
-        retry after IN_USE starts over from what is left."""
-        layout = mig_ops.read_layout(parent, with_uuids=False)
-        found = next(
-            (
-                gi
-                for gi in layout.instances
-                if gi.start == start
-                and gi.profile_id == profile_id
-                and (gi_id is None or gi.id == gi_id)
-            ),
-            None,
-        )
-        owner = self._owners.get((parent, found.id)) if found is not None else None
-        outcome = "already-gone"
-        remaining = list(layout.instances)
-        cis: list[int] = []
-        if found is not None and (owner is None or owner == uid):
-            for ci in found.compute_instances:
-                mig_ops.destroy_compute_instance(parent, found.id, ci.id)
-                cis.append(ci.id)
-            mig_ops.destroy_gpu_instance(parent, found.id)
-            remaining = [gi for gi in remaining if gi.id != found.id]
-            outcome = "destroyed"
-        elif found is not None:
-            outcome = "owned-by-another-claim"
-        switched = False
-        if mode_off and layout.mig_enabled and not remaining:
-            mig_ops.set_mig_mode(parent, False)
-            switched = True
-        destroyed = found.id if found is not None and outcome == "destroyed" else None
-        return outcome, destroyed, cis, switched
 
     async def _retry_busy(
         self,
@@ -580,7 +474,7 @@ class MigEffector:
             layout = await self._ops.read_layout(parent)
             if not layout.mig_enabled or layout.instances:
                 return
-            with self._reconfigure("mode", gpu) as span:
+            with reconfigure_span("mode", gpu) as span:
                 span.set_attribute("mig.mode", "off")
                 await self._ops.set_mig_mode(parent, False)
         except Exception as error:  # the next unprepare or start tries again
@@ -629,56 +523,3 @@ class MigEffector:
         owner = self._owners.get((parent, gi.id))
         whose = f"made for claim {owner}" if owner else "not made by this agent for any claim"
         return f"GPU instance {gi.id} (profile id {gi.profile_id}, placement {gi.start}+{gi.size}, {whose})"
-
-    @contextmanager
-    def _reconfigure(
-        self,
-        operation: str,
-        gpu: Gpu | None,
-        intent: cp.Intent | None = None,
-        *,
-        parent: str = "",
-    ) -> Iterator[trace.Span]:
-        """Span ``mig.reconfigure`` and the metrics of one change."""
-        attributes: dict[str, str | int] = {
-            "mig.operation": operation,
-            "gpu.uuid": gpu.uuid if gpu is not None else parent,
-        }
-        if intent is not None:
-            attributes["k8s.device.name"] = intent.device
-            for key, name in (("profile", "mig.profile"), ("start", "mig.placement.start")):
-                value = intent.get(key)
-                if value is not None:
-                    attributes[name] = value
-        started = time.perf_counter()
-        outcome = "error"
-        with tracer().start_as_current_span(
-            "mig.reconfigure",
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                yield span
-                outcome = "success"
-            except BaseException as error:
-                outcome = "busy" if isinstance(error, InstanceBusy) else "error"
-                span.set_status(trace.StatusCode.ERROR, str(error) or repr(error))
-                raise
-            finally:
-                span.set_attribute("mig.outcome", outcome)
-                elapsed = time.perf_counter() - started
-                add(MIG_RECONFIGURATIONS, 1, operation=operation, outcome=outcome)
-                observe(MIG_RECONFIGURE_DURATION, elapsed, operation=operation)
-
-
-def _full_compute_profile(slot: MigSlot) -> int:
-    """The compute-instance profile enum that spans the whole GPU instance."""
-    spanning = [
-        p.profile_index
-        for p in slot.profile.compute_profiles
-        if p.slice_count == slot.profile.slice_count
-    ]
-    if spanning:
-        return min(spanning)
-    return FULL_CI_PROFILE_BY_SLICES[slot.profile.slice_count]
