@@ -24,7 +24,7 @@ from agent.hardware.mig_ops import FULL_CI_PROFILE_BY_SLICES, LiveGpuInstance
 from agent.node import checkpoint as cp
 from agent.node.effectors import EffectFailed
 from agent.telemetry.metrics import MIG_RECONFIGURATIONS, MIG_RECONFIGURE_DURATION, add, observe
-from agent.telemetry.tracing import tracer
+from agent.telemetry.tracing import outcome_span
 
 
 class Occupied(Exception):
@@ -179,22 +179,13 @@ def reconfigure_span(
             if value is not None:
                 attributes[name] = value
     started = time.perf_counter()
-    outcome = "error"
-    with tracer().start_as_current_span(
-        "mig.reconfigure",
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        try:
-            yield span
-            outcome = "success"
-        except BaseException as error:
-            outcome = "busy" if isinstance(error, InstanceBusy) else "error"
-            span.set_status(trace.StatusCode.ERROR, str(error) or repr(error))
-            raise
-        finally:
-            span.set_attribute("mig.outcome", outcome)
-            elapsed = time.perf_counter() - started
-            add(MIG_RECONFIGURATIONS, 1, operation=operation, outcome=outcome)
-            observe(MIG_RECONFIGURE_DURATION, elapsed, operation=operation)
+
+    def ended(outcome: str) -> None:
+        add(MIG_RECONFIGURATIONS, 1, operation=operation, outcome=outcome)
+        observe(MIG_RECONFIGURE_DURATION, time.perf_counter() - started, operation=operation)
+
+    def failed(error: BaseException) -> str:
+        return "busy" if isinstance(error, InstanceBusy) else "error"
+
+    with outcome_span("mig.reconfigure", attributes, "mig.outcome", ended, failed) as span:
+        yield span

@@ -69,7 +69,7 @@ from agent.telemetry.metrics import (
     add,
     set_gauge,
 )
-from agent.telemetry.tracing import tracer
+from agent.telemetry.tracing import outcome_span
 
 log = logging.getLogger(__name__)
 
@@ -526,22 +526,12 @@ class SharingEffector:
     def _change(self, operation: str, strategy: str, gpu: str, device: str) -> Iterator[trace.Span]:
         """Span ``sharing.<operation>`` and the change counter."""
         attributes = {"sharing.strategy": strategy, "gpu.uuid": gpu, "k8s.device.name": device}
-        result = "error"
-        with tracer().start_as_current_span(
-            f"sharing.{operation}",
-            attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            try:
-                yield span
-                result = "success"
-            except BaseException as error:
-                span.set_status(trace.StatusCode.ERROR, str(error) or repr(error))
-                raise
-            finally:
-                span.set_attribute("sharing.result", result)
-                add(SHARING_CHANGES, 1, strategy=strategy, operation=operation, outcome=result)
+
+        def ended(result: str) -> None:
+            add(SHARING_CHANGES, 1, strategy=strategy, operation=operation, outcome=result)
+
+        with outcome_span(f"sharing.{operation}", attributes, "sharing.result", ended) as span:
+            yield span
 
 
 def _strategy(device: cp.PreparedDevice) -> str | None:

@@ -22,7 +22,7 @@ import contextvars
 import logging
 import os
 import socket
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from importlib import metadata as importlib_metadata
 from typing import Any
 
@@ -59,6 +59,34 @@ def tracer() -> trace.Tracer:
     if kept is None or kept[0] is not provider:
         kept = _tracer_of = (provider, provider.get_tracer(TRACER_NAME))
     return kept[1]
+
+
+@contextlib.contextmanager
+def outcome_span(
+    name: str,
+    attributes: Mapping[str, str | int],
+    outcome_attribute: str,
+    ended: Callable[[str], None],
+    failed: Callable[[BaseException], str] = lambda error: "error",
+) -> Iterator[trace.Span]:
+    """A span for one change to the node (a MIG reconfiguration, a sharing change): its
+    outcome (``success``, or what ``failed`` calls the exception) is the attribute
+    ``outcome_attribute`` and goes to ``ended`` (the change's metrics); an exception sets the
+    span's status and goes on to the caller, which records it in its own error."""
+    outcome = "error"
+    with tracer().start_as_current_span(
+        name, attributes=dict(attributes), record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield span
+            outcome = "success"
+        except BaseException as error:
+            outcome = failed(error)
+            span.set_status(trace.StatusCode.ERROR, str(error) or repr(error))
+            raise
+        finally:
+            span.set_attribute(outcome_attribute, outcome)
+            ended(outcome)
 
 
 def agent_version() -> str:
