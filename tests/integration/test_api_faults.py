@@ -15,8 +15,8 @@ embedded API server, whose fault injector makes one kind of call fail in one way
   agent's join and report, the controller's status), the controller's Lease renewal (GET and
   PUT) and its creation by a controller that finds none, its calls for a new domain (the list
   of all domains, the domain's replace that adds the finalizer, the template's GET and create,
-  the TemplateCreated Event) and for a deleted one (the template's DELETE, the replace that
-  removes the finalizer).
+  the TemplateCreated Event), its Ready and NotReady Events, and its calls for a deleted
+  domain (the template's DELETE, the replace that removes the finalizer).
 
 Each row arms its fault, makes the agent need the call (a wipe of the slices, an edited or an
 extra slice, a Node deleted and registered again, a prepare, an XID, a restart, a new domain,
@@ -31,10 +31,10 @@ template and status, or (a deleted domain) is gone with its template; the contro
 leads and renews, and one that found no Lease takes it. The table is in
 docs/RELIABILITY.md ("API faults").
 
-Not here: the controller's Ready/NotReady Events (a status write stored but answered late gets
-its Event on the next pass: a unit test in tests/unit/imex/test_domain_events.py); a slow
-answer on more than one call at a time; faults that last longer than one or two calls
-(outages: the soak and the publisher's chaos test).
+Not here: a status write stored but answered late, for the Ready/NotReady Event it must still
+get on the next pass (a unit test in tests/unit/imex/test_domain_events.py); a slow answer on
+more than one call at a time; faults that last longer than one or two calls (outages: the
+soak and the publisher's chaos test).
 """
 
 from __future__ import annotations
@@ -840,5 +840,79 @@ async def test_controller_deletion(cluster: Cluster, call: str, fault: Fault) ->
     while left():
         assert time.monotonic() < since + CONVERGE_S, f"still there: {left()}"
         await anyio.sleep(0.05)
+    await timed_out.check(since + CONVERGE_S)
+    assert cluster.controller is not None and cluster.controller.returncode is None
+
+
+TRANSITIONS = ["Ready", "NotReady"]
+TRANSITION_ROWS = [(t, f) for t in TRANSITIONS for f in READ_FAULTS]
+
+
+def transition_events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    return [
+        e
+        for e in cluster.server.list_objects("events", CONTROLLER_NS)
+        if e["involvedObject"]["name"] == name and e["reason"] == reason
+    ]
+
+
+def set_node_entry(cluster: Cluster, name: str, ready: bool | None) -> None:
+    """Write (or, with None, remove) a node's entry in the domain's status by hand, as a node
+    agent's join and report would: the controller's next pass makes the transition."""
+    domain = cluster.domain(name, CONTROLLER_NS)
+    status = dict(domain.get("status") or {})
+    status["nodes"] = (
+        []
+        if ready is None
+        else [
+            {
+                "name": "node-x",
+                "ipAddress": "10.0.9.1",
+                "cliqueID": "clique-x",
+                "index": 0,
+                "status": "Ready" if ready else "NotReady",
+            }
+        ]
+    )
+    cluster.server.put_object({**domain, "status": status})
+
+
+async def _status_is(cluster: Cluster, name: str, wanted: str, by: float) -> None:
+    while (cluster.domain(name, CONTROLLER_NS).get("status") or {}).get("status") != wanted:
+        assert time.monotonic() < by, cluster.domain(name, CONTROLLER_NS).get("status")
+        await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("transition", "fault"), TRANSITION_ROWS, ids=[f"{t}-{f.name}" for t, f in TRANSITION_ROWS]
+)
+async def test_controller_transition_event(cluster: Cluster, transition: str, fault: Fault) -> None:
+    """A domain becomes Ready (its one node's entry Ready), or NotReady again (the entry
+    gone), while the controller's Event POST fails: within 5 s after the fault the status is
+    written and its Event is stored exactly once (a late answer is not posted again). The
+    entries are written by hand, after the fault is armed, so the Event cannot come first."""
+    name = f"tr-{transition.lower()}-{fault.name}"
+    cluster.put_domain(name, namespace=CONTROLLER_NS, num_nodes=1)
+    with anyio.fail_after(2 * CONVERGE_S):
+        while reconciled(cluster, name) is not None:  # noqa: ASYNC110 - another process
+            await anyio.sleep(0.05)
+    if transition == "NotReady":
+        set_node_entry(cluster, name, ready=True)
+        await _status_is(cluster, name, "Ready", time.monotonic() + CONVERGE_S)
+        with anyio.fail_after(CONVERGE_S):
+            while not transition_events(cluster, name, "Ready"):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+    timed_out = GaveUp(
+        lambda: controller_log(cluster), fault, f"could not post Event {transition} about"
+    )
+    rule = fault.arm(cluster.server, "POST", CONTROLLER_EVENTS, watch=False)
+    set_node_entry(cluster, name, ready=True if transition == "Ready" else None)
+    since = await spent(rule, timeout=CONVERGE_S)
+    await _status_is(cluster, name, transition, since + CONVERGE_S)
+    while not transition_events(cluster, name, transition):
+        assert time.monotonic() < since + CONVERGE_S, f"no {transition} Event"
+        await anyio.sleep(0.05)
+    await sleep_until(since + 0.3)  # a late answer must not make the controller post again
+    assert len(transition_events(cluster, name, transition)) == 1
     await timed_out.check(since + CONVERGE_S)
     assert cluster.controller is not None and cluster.controller.returncode is None
