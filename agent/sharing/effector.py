@@ -38,7 +38,7 @@ number of daemons this agent runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -285,15 +285,12 @@ class SharingEffector:
     ) -> int:
         """Start the claim's daemon again in its directories: the new pid recorded, ready,
         the limits applied; on failure it is stopped again (the directories stay)."""
-        sharing = devices[0].config.sharing
-        config = (sharing.mps if sharing is not None else None) or MpsConfig()
-        uuids = sorted(d.uuid for d in devices)
+        config, uuids = _mps_of(devices)
         with self._change("apply", MPS, ",".join(uuids), ",".join(d.device for d in devices)):
             pid = await self._daemons.start(uid, uuids)
             try:
                 await record(self._with_pid(mine, pid))
-                await self._daemons.wait_ready(uid, pid)
-                await self._daemons.apply_limits(uid, limit_commands(config, uuids))
+                await self._serve(uid, pid, config, uuids)
             except BaseException:
                 await self._daemons.kill(uid, pid)
                 raise
@@ -423,13 +420,10 @@ class SharingEffector:
     ) -> None:
         """Start the claim's daemon (its pid into ``started`` and the intents), wait until
         it is ready and apply the limits."""
-        uuids = sorted(d.uuid for d in devices)
         missing = [d.device for d in devices if not d.uuid]
         if missing:
             raise EffectFailed(f"claim {uid}: device(s) {', '.join(missing)} have no UUID yet")
-        sharing = devices[0].config.sharing
-        assert sharing is not None
-        config = sharing.mps or MpsConfig()
+        config, uuids = _mps_of(devices)
         with self._change("apply", MPS, ",".join(uuids), ",".join(d.device for d in devices)):
             pid = await self._daemons.start(uid, uuids)
             started.append(pid)
@@ -437,8 +431,12 @@ class SharingEffector:
             set_gauge(MPS_DAEMONS, len(self._with_daemon))
             await record(self._with_pid(intents, pid))
             crash_point("after-mps-daemon-start")
-            await self._daemons.wait_ready(uid, pid)
-            await self._daemons.apply_limits(uid, limit_commands(config, uuids))
+            await self._serve(uid, pid, config, uuids)
+
+    async def _serve(self, uid: str, pid: int, config: MpsConfig, uuids: list[str]) -> None:
+        """A started daemon made ready for the claim's pods: ready, its limits applied."""
+        await self._daemons.wait_ready(uid, pid)
+        await self._daemons.apply_limits(uid, limit_commands(config, uuids))
 
     def _share(self, uid: str) -> cp.MpsShare:
         dirs = self._daemons.directories(uid)
@@ -480,15 +478,12 @@ class SharingEffector:
             if found:  # restarted by an earlier start of the agent
                 running[claim.uid] = (found[0], True)
                 continue
-            sharing = devices[0].config.sharing
-            config = (sharing.mps if sharing is not None else None) or MpsConfig()
-            uuids = sorted(d.uuid for d in devices)
+            config, uuids = _mps_of(devices)
             try:
                 with self._change("apply", MPS, ",".join(uuids), devices[0].device):
                     pid = await self._daemons.start(claim.uid, uuids)
                     running[claim.uid] = (pid, True)
-                    await self._daemons.wait_ready(claim.uid, pid)
-                    await self._daemons.apply_limits(claim.uid, limit_commands(config, uuids))
+                    await self._serve(claim.uid, pid, config, uuids)
             except Exception as error:
                 add(MPS_DAEMON_RESTARTS, 1, outcome="error")
                 if claim.uid in running:
@@ -532,6 +527,14 @@ class SharingEffector:
 
         with outcome_span(f"sharing.{operation}", attributes, "sharing.result", ended) as span:
             yield span
+
+
+def _mps_of(devices: Sequence[cp.PreparedDevice]) -> tuple[MpsConfig, list[str]]:
+    """The MPS settings of a claim's shared devices (its opaque config, else the defaults)
+    and their GPU UUIDs, sorted: what its daemon is started and limited with."""
+    sharing = devices[0].config.sharing
+    config = (sharing.mps if sharing is not None else None) or MpsConfig()
+    return config, sorted(d.uuid for d in devices)
 
 
 def _strategy(device: cp.PreparedDevice) -> str | None:
