@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 
 from agent.dra.config import API_VERSION
-from agent.errors import AgentError
+from agent.errors import AgentError, describe
 from agent.imex.config import DRIVER, AllocationMode, ChannelConfig
 from agent.imex.domains import DomainApi, DomainRef, domain_ref, node_entries
 from agent.kube.rawapi import ApiStatusError
@@ -46,11 +46,6 @@ FINALIZER = "resource.nvidia.com/computeDomain"
 CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
 LEASE_NAME = "gpu-dra-agent-controller"
 Obj = dict[str, Any]
-
-
-def _reason(error: BaseException) -> str:
-    """An exception for a log line: a timeout's message is empty, its type is not."""
-    return str(error) or type(error).__name__
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -194,7 +189,7 @@ class Controller:
                 try:
                     await self.reconcile_all()
                 except Exception as error:  # logged; the next pass tries again
-                    log.warning("reconciling ComputeDomains failed: %s", _reason(error))
+                    log.warning("reconciling ComputeDomains failed: %s", describe(error))
                 await anyio.sleep(self.resync_seconds)
 
     # -- leader election --------------------------------------------------------------------
@@ -248,7 +243,7 @@ class Controller:
         try:
             return await self._try_lease()
         except Exception as error:
-            log.warning("taking the Lease failed: %s", _reason(error))
+            log.warning("taking the Lease failed: %s", describe(error))
             return False
 
     async def _keep_lease(self, group: Any) -> None:
@@ -258,7 +253,7 @@ class Controller:
                 if await self._try_lease():
                     continue
             except Exception as error:
-                log.warning("renewing the Lease failed: %s", _reason(error))
+                log.warning("renewing the Lease failed: %s", describe(error))
             if anyio.current_time() - self._renewed > self.lease_seconds:
                 raise AgentError(
                     f"lost the Lease {self.lease_namespace}/{LEASE_NAME}: not renewed for "

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import aiohttp
 import anyio
 
-from agent.errors import AgentError
+from agent.errors import AgentError, describe
 from agent.kube.backoff import Backoff
 from agent.kube.events import RETRYABLE_STATUSES
 from agent.kube.rawapi import ApiStatusError
@@ -399,7 +399,9 @@ class DomainApi:
                     or (isinstance(error, ApiStatusError) and error.code in RETRYABLE_STATUSES)
                 )
                 if not again or attempt == EVENT_ATTEMPTS:
-                    log.warning("could not post Event %s about %s: %s", reason, ref, error)
+                    log.warning(
+                        "could not post Event %s about %s: %s", reason, ref, describe(error)
+                    )
                     return
             await anyio.sleep(backoff.next_delay())
 

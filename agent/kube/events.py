@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 import aiohttp
 import anyio
 
+from agent.errors import describe
 from agent.kube.backoff import Backoff
 from agent.telemetry.tracing import tracer
 
@@ -133,7 +134,7 @@ class ApiEventPoster:
         except TimeoutError as error:
             return f"no answer in time ({error or 'timeout'})", False, None
         except aiohttp.ClientError as error:
-            return str(error) or type(error).__name__, True, None
+            return describe(error), True, None
         span.set_attribute("http.response.status_code", status)
         if 200 <= status < 300:
             return None

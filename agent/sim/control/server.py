@@ -18,6 +18,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import SocketStream, TaskStatus
 
+from agent.errors import describe
 from agent.hardware.simulated.library import SimulatedNvmlLibrary
 from agent.sim.control.protocol import MAX_LINE, OPERATIONS, decode, encode
 
@@ -60,7 +61,7 @@ class SimulationControl:
                     request = decode(await _read_line(connection))
                     reply = await self.execute(request)
             except (ValueError, KeyError, TypeError, IndexError, TimeoutError) as err:
-                reply = {"ok": False, "error": str(err) or type(err).__name__}
+                reply = {"ok": False, "error": describe(err)}
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
                 await connection.send(encode(reply))
 
