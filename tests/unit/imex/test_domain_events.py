@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from agent.imex.controller import Controller
 from agent.imex.domains import EVENT_ATTEMPTS, DomainApi, domain_ref
 from agent.sim.apiserver import EmbeddedApiServer
 from tests.unit.imex.conftest import compute_domain
@@ -57,22 +58,29 @@ async def test_it_gives_up_after_the_last_attempt_and_on_a_late_answer(
     assert len(warned) == 2, warned
 
 
-async def test_a_template_stored_but_answered_late_gets_its_event_once(
-    apiserver: EmbeddedApiServer, api_client: Any
-) -> None:
-    """The controller's create of a domain's template times out after the server stored it:
-    the next pass finds the template and posts TemplateCreated then, once."""
-    from agent.imex.controller import Controller
-
-    domain = apiserver.put_object(compute_domain())
-    templates = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
-    late = apiserver.faults.add_latency("POST", templates, 0.5, count=1, after=True)
+async def first_pass_answered_late(
+    apiserver: EmbeddedApiServer, api_client: Any, method: str, path: str
+) -> Controller:
+    """A controller whose first pass times out on ``method path``, which the server stores
+    and answers 0.5 s late (the client gives up after 0.2 s); returned for the next passes."""
+    late = apiserver.faults.add_latency(method, path, 0.5, count=1, after=True)
     controller = Controller(
         DomainApi(api_client, request_timeout=0.2), identity="c", lease_namespace="default"
     )
     with pytest.raises(TimeoutError):
         await controller.reconcile_all()
     assert late.remaining == 0
+    return controller
+
+
+async def test_a_template_stored_but_answered_late_gets_its_event_once(
+    apiserver: EmbeddedApiServer, api_client: Any
+) -> None:
+    """The controller's create of a domain's template times out after the server stored it:
+    the next pass finds the template and posts TemplateCreated then, once."""
+    domain = apiserver.put_object(compute_domain())
+    templates = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
+    controller = await first_pass_answered_late(apiserver, api_client, "POST", templates)
     assert apiserver.get_object("resourceclaimtemplates", "cd-channel", "default") is not None
     created = apiserver.list_objects("events", "default")
     assert not [e for e in created if e["reason"] == "TemplateCreated"]
@@ -90,8 +98,6 @@ async def test_a_status_stored_but_answered_late_gets_its_event_once(
     """The controller's write of ``status.status: Ready`` times out after the server stored
     it: the next pass finds the domain Ready and posts the Ready Event then, once; later
     passes post nothing more."""
-    from agent.imex.controller import Controller
-
     domain = compute_domain(num_nodes=1)
     domain["status"] = {
         "status": "NotReady",
@@ -102,13 +108,7 @@ async def test_a_status_stored_but_answered_late_gets_its_event_once(
     }  # fmt: skip
     domain = apiserver.put_object(domain)
     status = "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains/cd/status"
-    late = apiserver.faults.add_latency("PUT", status, 0.5, count=1, after=True)
-    controller = Controller(
-        DomainApi(api_client, request_timeout=0.2), identity="c", lease_namespace="default"
-    )
-    with pytest.raises(TimeoutError):
-        await controller.reconcile_all()
-    assert late.remaining == 0
+    controller = await first_pass_answered_late(apiserver, api_client, "PUT", status)
     stored_domain = apiserver.get_object("computedomains", "cd", "default") or {}
     assert stored_domain["status"]["status"] == "Ready"  # the late write was stored
     assert not stored(apiserver)
