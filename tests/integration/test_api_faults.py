@@ -704,11 +704,12 @@ def _controller_call(call: str, name: str) -> tuple[str, PathPattern]:
     }[call]
 
 
-def template_events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+def domain_events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
+    """The Events of ``reason`` stored about the domain ``name`` of these rows."""
     return [
         e
         for e in cluster.server.list_objects("events", CONTROLLER_NS)
-        if e["involvedObject"]["name"] == name and e["reason"] == "TemplateCreated"
+        if e["involvedObject"]["name"] == name and e["reason"] == reason
     ]
 
 
@@ -726,6 +727,14 @@ def reconciled(cluster: Cluster, name: str) -> str | None:
         return f"the template's owners are {owners}"
     status = (domain.get("status") or {}).get("status")
     return None if status == "NotReady" else f"status {status!r}"
+
+
+async def reconciled_domain(cluster: Cluster, name: str) -> None:
+    """A new domain ``name`` (numNodes 1, no node), once the controller has reconciled it."""
+    cluster.put_domain(name, namespace=CONTROLLER_NS, num_nodes=1)
+    with anyio.fail_after(2 * CONVERGE_S):
+        while reconciled(cluster, name) is not None:  # noqa: ASYNC110 - another process
+            await anyio.sleep(0.05)
 
 
 CONTROLLER_CALLS = ["domain list", "domain replace", "template read", "template create"]
@@ -763,7 +772,8 @@ async def test_controller_calls(cluster: Cluster, call: str, fault: Fault) -> No
         assert time.monotonic() < since + CONVERGE_S, f"{name} not reconciled: {why}"
         await anyio.sleep(0.05)
     await sleep_until(since + 0.3)  # a late answer must not make the controller post again
-    assert len(template_events(cluster, name)) == 1, template_events(cluster, name)
+    created = domain_events(cluster, name, "TemplateCreated")
+    assert len(created) == 1, created
     await timed_out.check(since + CONVERGE_S)
     assert cluster.controller is not None and cluster.controller.returncode is None
 
@@ -812,10 +822,7 @@ async def test_controller_deletion(cluster: Cluster, call: str, fault: Fault) ->
     DELETE or its replace that removes the finalizer fails: within 5 s after the fault the
     template and the domain are gone; the controller still leads."""
     name = f"del-{call.split()[0]}-{fault.name}"
-    cluster.put_domain(name, namespace=CONTROLLER_NS, num_nodes=1)
-    with anyio.fail_after(2 * CONVERGE_S):
-        while reconciled(cluster, name) is not None:  # noqa: ASYNC110 - another process
-            await anyio.sleep(0.05)
+    await reconciled_domain(cluster, name)
     template = f"{name}-channel"
     method, path = (
         ("DELETE", f"{TEMPLATES}/{template}")
@@ -846,14 +853,6 @@ async def test_controller_deletion(cluster: Cluster, call: str, fault: Fault) ->
 
 TRANSITIONS = ["Ready", "NotReady"]
 TRANSITION_ROWS = [(t, f) for t in TRANSITIONS for f in READ_FAULTS]
-
-
-def transition_events(cluster: Cluster, name: str, reason: str) -> list[dict[str, Any]]:
-    return [
-        e
-        for e in cluster.server.list_objects("events", CONTROLLER_NS)
-        if e["involvedObject"]["name"] == name and e["reason"] == reason
-    ]
 
 
 def set_node_entry(cluster: Cluster, name: str, ready: bool | None) -> None:
@@ -892,15 +891,12 @@ async def test_controller_transition_event(cluster: Cluster, transition: str, fa
     written and its Event is stored exactly once (a late answer is not posted again). The
     entries are written by hand, after the fault is armed, so the Event cannot come first."""
     name = f"tr-{transition.lower()}-{fault.name}"
-    cluster.put_domain(name, namespace=CONTROLLER_NS, num_nodes=1)
-    with anyio.fail_after(2 * CONVERGE_S):
-        while reconciled(cluster, name) is not None:  # noqa: ASYNC110 - another process
-            await anyio.sleep(0.05)
+    await reconciled_domain(cluster, name)
     if transition == "NotReady":
         set_node_entry(cluster, name, ready=True)
         await _status_is(cluster, name, "Ready", time.monotonic() + CONVERGE_S)
         with anyio.fail_after(CONVERGE_S):
-            while not transition_events(cluster, name, "Ready"):  # noqa: ASYNC110
+            while not domain_events(cluster, name, "Ready"):  # noqa: ASYNC110
                 await anyio.sleep(0.05)
     timed_out = GaveUp(
         lambda: controller_log(cluster), fault, f"could not post Event {transition} about"
@@ -909,10 +905,10 @@ async def test_controller_transition_event(cluster: Cluster, transition: str, fa
     set_node_entry(cluster, name, ready=True if transition == "Ready" else None)
     since = await spent(rule, timeout=CONVERGE_S)
     await _status_is(cluster, name, transition, since + CONVERGE_S)
-    while not transition_events(cluster, name, transition):
+    while not domain_events(cluster, name, transition):
         assert time.monotonic() < since + CONVERGE_S, f"no {transition} Event"
         await anyio.sleep(0.05)
     await sleep_until(since + 0.3)  # a late answer must not make the controller post again
-    assert len(transition_events(cluster, name, transition)) == 1
+    assert len(domain_events(cluster, name, transition)) == 1
     await timed_out.check(since + CONVERGE_S)
     assert cluster.controller is not None and cluster.controller.returncode is None
