@@ -42,9 +42,14 @@ prometheus: $(PROMETHEUS)
 $(PROMETHEUS):
 	scripts/fetch_deb_files.sh prometheus $(CACHE_DIR)/prometheus usr/bin/prometheus
 
-## test: the whole test suite (fetches what it needs first)
+## test: the whole test suite, on TEST_WORKERS parallel workers (fetches what it needs first)
+# Four workers on two cores: most tests wait on processes, sockets and disk, not the CPU.
+# Then the tests marked `serial` (wall-clock bounds that other workers would disturb), alone.
+# TEST_WORKERS=0 runs the first part in one process too (pytest-xdist's -n 0).
+TEST_WORKERS ?= 4
 test: tools $(STAMP) $(CDI_SCHEMA) $(PROMETHEUS)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m 'not image and not serial'
+	$(BIN)/python -m pytest -q -m 'serial and not image'
 
 ## image-tools: Debian's mmdebstrap, buildah, podman, runc and uidmap (make image, test-image)
 # Installed with apt-get when running as root and one is missing; otherwise the command is printed.

@@ -3,7 +3,12 @@
 (the embedded API server on port 0), ``kubeconfig`` for it and ``api_client`` (a
 kubernetes-asyncio client built from it the way the agent builds one). A folder that needs a
 different server (tests/unit/kube: one with a Node in it) overrides ``apiserver``; the other
-two fixtures then use that one."""
+two fixtures then use that one.
+
+``make test`` runs the suite on parallel workers (pytest-xdist): every test makes its own
+directories (``tmp_path`` or ``mkdtemp``) and servers on port 0, so workers never share one.
+Tests marked ``slow`` are collected first, so that the workers start on them and do not end
+the run waiting for one long test that came last."""
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +23,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from agent.kube.client import create_api_client
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.telemetry.tracing import configure_tracing
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``slow`` tests first (a stable sort: otherwise the order of collection)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture

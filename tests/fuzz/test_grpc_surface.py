@@ -271,6 +271,7 @@ async def test_very_long_strings(
         assert isinstance(answer, bytes) and len(answer) < 1024 * 1024 + 3 * MAX_ERROR_BYTES
 
 
+@pytest.mark.slow
 async def test_ten_thousand_claims_in_one_request(
     harness: AgentHarness, client: RawClient, before: dict[str, Any]
 ) -> None:

@@ -163,6 +163,7 @@ def start(tmp_path: Path) -> Iterator[Callable[[str], SimulatedHost]]:
 # -- discovery --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_discovery(start: Callable[[str], SimulatedHost]) -> None:
     """dgx-a100 (MIG devices, NVLink, fabric): 28 functions x 31 codes."""
     host = start("dgx-a100")
@@ -198,6 +199,7 @@ async def test_discovery(start: Callable[[str], SimulatedHost]) -> None:
 # -- the health event pump --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_event_pump(start: Callable[[str], SimulatedHost]) -> None:
     """l40s-pcie (4 GPUs): the pump's functions x 31 codes, each with a fresh pump."""
     host = start("l40s-pcie")
@@ -264,6 +266,7 @@ async def test_event_pump(start: Callable[[str], SimulatedHost]) -> None:
 # -- dynamic MIG ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_mig_reconfiguration(start: Callable[[str], SimulatedHost]) -> None:
     """dgx-h100, GPU 0: enable MIG, create a 3g instance and its compute instance, read the
     layout, destroy both, disable MIG; each step's functions x 31 codes."""

@@ -62,6 +62,7 @@ async def test_invalid_settings_exit_1_with_a_message(fresh_harness: AgentHarnes
     assert b"--driver-name 'Not A Driver' is not a valid DRA driver name" in result.stderr
 
 
+@pytest.mark.slow
 async def test_demo_exits_0() -> None:
     result = await anyio.run_process([sys.executable, "-m", "agent", "demo"], check=False)
     output = result.stdout.decode()

@@ -71,6 +71,7 @@ def notify_socket(workdir: Path) -> Iterator[NotifySocket]:
         inbox.sock.close()
 
 
+@pytest.mark.serial
 async def test_ready_watchdog_and_stopping_reach_systemd(
     fresh_harness: AgentHarness, notify_socket: NotifySocket
 ) -> None:

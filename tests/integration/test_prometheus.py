@@ -223,6 +223,7 @@ async def exercise_imex(cluster: Cluster, tray: Node, metrics_port: int) -> None
     )
 
 
+@pytest.mark.slow
 async def test_prometheus_scrapes_every_documented_metric_and_the_dashboard_works(
     fresh_harness: AgentHarness, tray: tuple[Cluster, Node], prometheus_for: Any
 ) -> None:

@@ -372,6 +372,7 @@ def claim_for(devices: list[NodeDevice]) -> Any:
     return parse_claim(claim, CLASSES)
 
 
+@pytest.mark.slow
 def test_allocator_allocates_every_maximal_geometry_and_refuses_what_nvml_refuses() -> None:
     slices = profile_slices("dgx-h100", dynamic_mig=DYNAMIC)
     state = gpu_state(slices, 2)

@@ -7,6 +7,7 @@ mistake in a model helper cannot hide itself.
 import re
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -64,6 +65,7 @@ def expected_device_count(inventory: Inventory) -> int:
     return sum(len(gpu.mig_devices) if gpu.mig_enabled else 1 for gpu in inventory.gpus)
 
 
+@pytest.mark.slow
 @PROPERTY_SETTINGS
 @given(data=st.data(), inventory=inventories(), generation=st.integers(0, 2**40))
 def test_every_inventory_publishes_within_api_limits(

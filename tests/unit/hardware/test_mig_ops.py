@@ -111,6 +111,7 @@ def test_latency_parsing() -> None:
         parse_latency("create_gi=fast")
 
 
+@pytest.mark.serial
 def test_reconfigurations_of_different_gpus_run_in_parallel(
     nvml_host: Start, monkeypatch: pytest.MonkeyPatch
 ) -> None:

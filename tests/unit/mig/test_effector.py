@@ -291,6 +291,7 @@ async def test_startup_rolls_back_a_claim_that_never_completed(mig: MigNode) -> 
         await engine.close()
 
 
+@pytest.mark.serial
 async def test_different_gpus_reconfigure_in_parallel(mig: MigNode) -> None:
     mig.library.set_latency(0.5, "nvmlDeviceCreateGpuInstanceWithPlacement")
     engine = await mig.engine()
@@ -307,6 +308,7 @@ async def test_different_gpus_reconfigure_in_parallel(mig: MigNode) -> None:
         await engine.close()
 
 
+@pytest.mark.serial
 async def test_other_claims_are_not_blocked_behind_a_reconfiguration(mig: MigNode) -> None:
     """A GPU instance that takes NVML 1.5 s to make does not hold up a full-GPU claim on
     another GPU prepared in a call of its own (the kubelet sends one request per pod)."""
