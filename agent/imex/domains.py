@@ -140,12 +140,17 @@ class DomainApi:
         max_attempts: int = 50,
         component: str = "gpu-dra-agent",
     ) -> None:
-        from kubernetes_asyncio import client
+        from agent.kube.library import (
+            CoordinationV1Api,
+            CoreV1Api,
+            CustomObjectsApi,
+            ResourceV1Api,
+        )
 
-        self._custom = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
-        self._resource = client.ResourceV1Api(api_client)
-        self._coordination = client.CoordinationV1Api(api_client)
+        self._custom = CustomObjectsApi(api_client)
+        self._core = CoreV1Api(api_client)
+        self._resource = ResourceV1Api(api_client)
+        self._coordination = CoordinationV1Api(api_client)
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
         self.component = component
