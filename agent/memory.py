@@ -1,4 +1,5 @@
-"""Keep a long-running agent's heap from creeping: pin glibc's mmap threshold.
+"""Keep a long-running agent's heap from creeping: pin glibc's mmap threshold, and give freed
+memory back after a huge request.
 
 Every socket read of asyncio's selector transports (the kubelet's gRPC connection, the API
 server's HTTP connection) asks for a 256 KiB buffer and shrinks it to what arrived. glibc
@@ -14,11 +15,21 @@ buffers are mapped and unmapped, which costs a pair of system calls per read and
 heap flat. An operator's own choice wins: with ``MALLOC_MMAP_THRESHOLD_`` in the environment
 or ``glibc.malloc.mmap_threshold`` in ``GLIBC_TUNABLES`` nothing is changed. On a C library
 without ``mallopt`` (musl, macOS) nothing is changed either.
+
+A huge request (thousands of claims in one NodePrepareResources) leaves tens of MB of the
+main heap free but mapped: freed chunks between chunks still in use stay part of the heap,
+which only ever shrinks from its top. :func:`release_free_memory` collects the reference
+cycles such a request left (exceptions, their tracebacks and frames) and asks glibc to return
+every free page (``malloc_trim(0)``: ``madvise(MADV_DONTNEED)`` on whole free pages, in every
+arena). It costs milliseconds, so the kubelet surface calls it after large requests only.
+
+A leaf module: every layer may call it.
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 from collections.abc import Mapping
 from typing import Final
 
@@ -54,3 +65,18 @@ def pin_mmap_threshold(environ: Mapping[str, str], threshold: int = MMAP_THRESHO
     if mallopt(M_MMAP_THRESHOLD, threshold) != 1:
         return "malloc mmap threshold left as is (mallopt refused it)"
     return f"malloc mmap threshold fixed at {threshold} bytes"
+
+
+def release_free_memory() -> bool:
+    """Collect garbage, then return the C heap's free pages to the system (glibc's
+    ``malloc_trim``); False where the C library has no ``malloc_trim`` (only the collection
+    was done)."""
+    gc.collect()
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    trim(0)
+    return True

@@ -20,6 +20,7 @@ MODULES: tuple[str, ...] = (
     "benchmarks.bench_health",
     "benchmarks.bench_mig",
     "benchmarks.bench_agent",
+    "benchmarks.bench_memory",
     "benchmarks.bench_imex",
 )
 

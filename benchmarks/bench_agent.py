@@ -5,6 +5,9 @@
   directory every 50 ms, as the kubelet's plugin watcher does with inotify, so up to 50 ms of
   each sample is the watcher's). The embedded API server and the emulator run in this process,
   the agent's directories are reused between starts (a restart, checkpoint present);
+* ``agent start -> registered (gb200-nvl72-tray, compute domains)``: the same for
+  ``--simulate gb200-nvl72-tray --compute-domains on``, until both of its drivers
+  (gpu.nvidia.com and compute-domain.nvidia.com) are registered;
 * ``python start (floor of P6)``: the same interpreter started with ``-c pass``, the part of a
   start that no agent code can remove;
 * ``soak: agent RSS max`` and ``soak: RSS drift 10 % -> 100 %``: a short soak
@@ -23,6 +26,7 @@ from pathlib import Path
 
 import anyio
 
+from agent.imex.config import DRIVER as CD_DRIVER
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.kubelet import EventKind, KubeletEmulator
 from benchmarks import Result
@@ -55,18 +59,41 @@ async def _starts(base: Path, starts: int) -> list[Result]:
         began = time.perf_counter()
         await anyio.run_process([sys.executable, "-c", "pass"])
         floor.append((time.perf_counter() - began) * 1000)
+    h100 = await _registrations(base / "h100", starts, "dgx-h100", (DRIVER,))
+    tray = await _registrations(
+        base / "tray",
+        starts,
+        "gb200-nvl72-tray",
+        (DRIVER, CD_DRIVER),
+        "--compute-domains", "on", "--sim-fabric-dir", str(base / "tray" / "fabric"),
+    )  # fmt: skip
+    return [
+        Result("agent start -> registered (dgx-h100)", h100),
+        Result("agent start -> registered (gb200-nvl72-tray, compute domains)", tray),
+        Result("python start (floor of P6)", tuple(floor[1:])),
+    ]
+
+
+async def _registrations(
+    base: Path, starts: int, profile: str, drivers: tuple[str, ...], *extra: str
+) -> tuple[float, ...]:
+    """``starts`` times (after one uncounted, cold start): ms from starting the agent until
+    the emulator registered every one of ``drivers``."""
     samples: list[float] = []
     async with EmbeddedApiServer() as server:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         kubeconfig = server.write_kubeconfig(base / "kubeconfig")
         async with KubeletEmulator(base / "registry", node_name=NODE, poll_interval=0.05) as kl:
-            command = agent_command(base, kubeconfig, NODE, "dgx-h100")
+            command = agent_command(base, kubeconfig, NODE, profile, *extra)
             for index in range(starts + 1):  # the first start (cold caches) is not counted
-                seen = len(kl.events(EventKind.REGISTERED, DRIVER))
+                seen = {d: len(kl.events(EventKind.REGISTERED, d)) for d in drivers}
                 began = time.perf_counter()
                 agent = await start_agent(command, base / f"agent-{index}.log")
                 try:
-                    await kl.wait_event(EventKind.REGISTERED, DRIVER, count=seen + 1, timeout=60)
+                    for driver in drivers:
+                        await kl.wait_event(
+                            EventKind.REGISTERED, driver, count=seen[driver] + 1, timeout=60
+                        )
                     if index:
                         samples.append((time.perf_counter() - began) * 1000)
                     # let the registration finish (NotifyRegistrationStatus) before SIGTERM
@@ -75,8 +102,6 @@ async def _starts(base: Path, starts: int) -> list[Result]:
                     agent.terminate()
                     with anyio.fail_after(20):
                         await agent.wait()
-                await kl.wait_deregistered(DRIVER, timeout=20)
-    return [
-        Result("agent start -> registered (dgx-h100)", tuple(samples)),
-        Result("python start (floor of P6)", tuple(floor[1:])),
-    ]
+                for driver in drivers:
+                    await kl.wait_deregistered(driver, timeout=20)
+    return tuple(samples)

@@ -88,11 +88,18 @@ def summarize(results: Sequence[Result]) -> list[Row]:
     add("P4", "NVML event -> taint in API server, p99", p99("xid -> taint"), bound=500)
     add("P5", "wipe -> republished (dgx-h100), p50", p50("slices: wipe -> republished (dgx-h100"),
         floor=p50("slices: start -> published (dgx-h100"), floor_what="first publish")  # fmt: skip
-    add("P6", "agent start -> registration, p50", p50("agent start -> registered"),
+    add("P6", "agent start -> registration, p50", p50("agent start -> registered (dgx-h100"),
+        floor=p50("python start"), floor_what="python -c pass")  # fmt: skip
+    add("P6", "the same, gb200-nvl72-tray + compute domains, p50",
+        p50("agent start -> registered (gb200-nvl72-tray"),
         floor=p50("python start"), floor_what="python -c pass")  # fmt: skip
     add("P7", "soak: agent RSS max", p50("soak: agent RSS max"), "MB", bound=120)
     drift = p50("soak: RSS drift")
     add("P7", "soak: RSS drift 10 % -> 100 %", None if drift is None else abs(drift), "MB", bound=5)
+    add("P7", "one 10 000-claim request: RSS peak", p50("huge request: RSS peak"), "MB",
+        bound=120)  # fmt: skip
+    add("P7", "the same: RSS within 60 s after it", p50("huge request: RSS after"), "MB",
+        bound=90)  # fmt: skip
     add("P8", "dynamic MIG overhead (p50 difference)", p50("dynamic MIG overhead"),
         floor=p50("engine prepare+unprepare 1 GPU (static)"),
         floor_what="static prepare+unprepare")  # fmt: skip

@@ -20,25 +20,35 @@ import json
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import anyio
 
 from agent.errors import AgentError, describe
+from agent.imex.documents import (
+    API_VERSION,
+    CONDITION_PREFIX,
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    DomainRef,
+    NodeEntry,
+    NodeStatus,
+    Obj,
+    domain_ref,
+    drop_condition,
+    node_entries,
+    now,
+    set_condition,
+)
 from agent.kube.backoff import Backoff
 from agent.kube.events import RETRYABLE_STATUSES
 from agent.kube.rawapi import ApiStatusError
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-GROUP, VERSION, PLURAL, KIND = "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain"
-API_VERSION = f"{GROUP}/{VERSION}"
-CONDITION_PREFIX = "IMEXDaemonReady."
-NodeStatus = Literal["Ready", "NotReady"]
 #: Posts of one Event about a domain at most (the first and its retries of transient failures).
 EVENT_ATTEMPTS = 3
 
@@ -49,83 +59,6 @@ class DomainError(AgentError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
-
-
-@dataclass(frozen=True)
-class DomainRef:
-    namespace: str
-    name: str
-    uid: str
-
-    def __str__(self) -> str:
-        return f"ComputeDomain {self.namespace}/{self.name} ({self.uid})"
-
-
-@dataclass(frozen=True)
-class NodeEntry:
-    name: str
-    ip_address: str
-    clique: str
-    index: int
-    status: NodeStatus
-
-    @classmethod
-    def of(cls, item: Obj) -> NodeEntry:
-        return cls(
-            str(item.get("name", "")),
-            str(item.get("ipAddress", "")),
-            str(item.get("cliqueID", "")),
-            int(item.get("index", -1)),
-            "Ready" if item.get("status") == "Ready" else "NotReady",
-        )
-
-    def to_dict(self) -> Obj:
-        return {
-            "name": self.name,
-            "ipAddress": self.ip_address,
-            "cliqueID": self.clique,
-            "index": self.index,
-            "status": self.status,
-        }
-
-
-def node_entries(domain: Obj) -> list[NodeEntry]:
-    return [NodeEntry.of(n) for n in (domain.get("status") or {}).get("nodes") or []]
-
-
-def domain_ref(domain: Obj) -> DomainRef:
-    meta = domain["metadata"]
-    return DomainRef(meta["namespace"], meta["name"], meta["uid"])
-
-
-def now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def set_condition(status: Obj, node: str, ready: bool, reason: str, message: str) -> None:
-    """Put (or update) the node's ``IMEXDaemonReady.<node>`` condition into ``status``."""
-    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
-    kind = CONDITION_PREFIX + node
-    value = "True" if ready else "False"
-    previous = next((c for c in conditions if c.get("type") == kind), None)
-    changed = previous is None or previous.get("status") != value
-    condition = {
-        "type": kind,
-        "status": value,
-        "reason": reason,
-        "message": message[:4096],
-        "lastTransitionTime": now() if changed else previous.get("lastTransitionTime", now()),  # type: ignore[union-attr]
-    }
-    status["conditions"] = [c for c in conditions if c.get("type") != kind] + [condition]
-
-
-def drop_condition(status: Obj, node: str) -> None:
-    kind = CONDITION_PREFIX + node
-    conditions = [c for c in status.get("conditions") or [] if c.get("type") != kind]
-    if conditions:
-        status["conditions"] = conditions
-    else:
-        status.pop("conditions", None)
 
 
 class DomainApi:
@@ -140,12 +73,17 @@ class DomainApi:
         max_attempts: int = 50,
         component: str = "gpu-dra-agent",
     ) -> None:
-        from kubernetes_asyncio import client
+        from agent.kube.library import (
+            CoordinationV1Api,
+            CoreV1Api,
+            CustomObjectsApi,
+            ResourceV1Api,
+        )
 
-        self._custom = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
-        self._resource = client.ResourceV1Api(api_client)
-        self._coordination = client.CoordinationV1Api(api_client)
+        self._custom = CustomObjectsApi(api_client)
+        self._core = CoreV1Api(api_client)
+        self._resource = ResourceV1Api(api_client)
+        self._coordination = CoordinationV1Api(api_client)
         self.request_timeout = request_timeout
         self.max_attempts = max_attempts
         self.component = component
@@ -429,3 +367,26 @@ class DomainApi:
         if not isinstance(decoded, dict):
             raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")
         return decoded
+
+
+#: What the package imports from here, the status documents' names included.
+__all__ = [
+    "API_VERSION",
+    "CONDITION_PREFIX",
+    "EVENT_ATTEMPTS",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "DomainApi",
+    "DomainError",
+    "DomainRef",
+    "NodeEntry",
+    "NodeStatus",
+    "Obj",
+    "domain_ref",
+    "drop_condition",
+    "node_entries",
+    "now",
+    "set_condition",
+]

@@ -155,13 +155,11 @@ def _imex_commands(config: AgentConfig, plugin_dir: Path) -> tuple[str, str]:
 
 async def _node_address(api_client: Any, node_name: str, bound_s: float) -> str | None:
     """The Node's InternalIP (best effort: None when unreadable within ``bound_s``)."""
-    from kubernetes_asyncio import client
+    from agent.kube.library import CoreV1Api
 
     try:
         with anyio.fail_after(bound_s):
-            response: Any = await client.CoreV1Api(api_client).read_node(
-                node_name, _preload_content=False
-            )
+            response: Any = await CoreV1Api(api_client).read_node(node_name, _preload_content=False)
             import json
 
             node = json.loads(await response.read())

@@ -1,7 +1,7 @@
 """The one shared Kubernetes API client of the agent.
 
 kubernetes-asyncio is imported here and in the modules that talk to the API server, never
-at CLI start-up: importing its client costs most of a second.
+at CLI start-up, and only by the parts the agent uses (:mod:`agent.kube.library`).
 """
 
 from __future__ import annotations
@@ -26,20 +26,23 @@ async def create_api_client(kubeconfig: Path | None) -> Any:
 
     The caller owns it and must ``await client.close()``.
     """
-    from kubernetes_asyncio import client, config
-    from kubernetes_asyncio.config.config_exception import ConfigException
+    from agent.kube.library import (
+        ApiClient,
+        ConfigException,
+        Configuration,
+        load_incluster_config,
+        load_kube_config,
+    )
 
-    configuration = client.Configuration()
+    configuration = Configuration()
     is_file = kubeconfig is not None and await anyio.Path(kubeconfig).is_file()
     try:
         if kubeconfig is not None:
             if not is_file:
                 raise KubeConfigError(f"kubeconfig {kubeconfig} does not exist or is not a file")
-            await config.load_kube_config(
-                config_file=str(kubeconfig), client_configuration=configuration
-            )
+            await load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
         else:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except ConfigException as err:
         where = str(kubeconfig) if kubeconfig else "the in-cluster service account"
         raise KubeConfigError(
@@ -47,4 +50,4 @@ async def create_api_client(kubeconfig: Path | None) -> Any:
             "(or KUBECONFIG) outside a cluster"
         ) from err
     log.debug("kubernetes API at %s", configuration.host)
-    return client.ApiClient(configuration)
+    return ApiClient(configuration)

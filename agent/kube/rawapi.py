@@ -50,11 +50,11 @@ class RawSliceApi:
     one shared ApiClient."""
 
     def __init__(self, api_client: Any, *, request_timeout: float = 10.0) -> None:
-        from kubernetes_asyncio import client
+        from agent.kube.library import CoreV1Api, ResourceV1Api, VersionApi
 
-        self._slices = client.ResourceV1Api(api_client)
-        self._core = client.CoreV1Api(api_client)
-        self._version = client.VersionApi(api_client)
+        self._slices = ResourceV1Api(api_client)
+        self._core = CoreV1Api(api_client)
+        self._version = VersionApi(api_client)
         self.request_timeout = request_timeout
 
     async def read_node_uid(self, node_name: str) -> str:

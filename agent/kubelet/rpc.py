@@ -27,6 +27,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+from agent.memory import release_free_memory
 from agent.telemetry.metrics import RPC_DURATION, RPC_REQUESTS, add, observe
 from agent.telemetry.tracing import context_from_metadata, tracer
 
@@ -81,6 +82,9 @@ class InFlightCalls:
 #: The largest request message accepted: grpc-go's default receive limit, which the kubelet's
 #: own plugins (and the incumbent) have. A prepare of 10 000 claims is about 1 MiB.
 MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
+#: A call with at least this many claims gives the memory it used back when it is answered
+#: (:func:`agent.memory.release_free_memory`, milliseconds; the kubelet sends one pod's).
+HUGE_REQUEST_CLAIMS = 1000
 _HEADER = struct.Struct(">?I")  # gRPC message prefix: compressed flag, length
 
 
@@ -167,9 +171,10 @@ def unary_handler(
     async def handle(stream: Any) -> None:
         calls.enter(method)
         started = time.perf_counter()
-        code, span_context = Status.UNKNOWN, None
+        code, span_context, huge = Status.UNKNOWN, None, False
         try:
             request = await receive_request(stream, method, request_type)
+            huge = len(getattr(request, "claims", ())) >= HUGE_REQUEST_CLAIMS
             parent = context_from_metadata(stream.metadata)
             with tracer().start_as_current_span(
                 span_name,
@@ -183,6 +188,7 @@ def unary_handler(
                 response = await _call_recorded(span, method, function, request, stream)
             await stream.send_message(response)
             code = Status.OK
+            del request, response  # before the memory is released below
         except GRPCError as err:
             code = err.status
             raise
@@ -196,6 +202,8 @@ def unary_handler(
             add(RPC_REQUESTS, 1, driver=driver, method=method, code=code.name)
             elapsed = time.perf_counter() - started
             observe(RPC_DURATION, elapsed, span_context, driver=driver, method=method)
+            if huge:  # what it built is garbage now: give the pages back (agent/memory.py)
+                release_free_memory()
 
     return grpclib.const.Handler(
         handle, grpclib.const.Cardinality.UNARY_UNARY, request_type, response_type

@@ -23,9 +23,10 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.telemetry.prometheus import MetricsEndpoint, OpenTelemetryCollector
+if TYPE_CHECKING:  # prometheus_client is imported only when the endpoint is served
+    from agent.telemetry.prometheus import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,8 @@ def serve_metrics(host: str, port: int) -> MetricsEndpoint:
     so not getting it is a start-up error rather than a silent gap in the graphs.
     """
     global _endpoint
+    from agent.telemetry.prometheus import MetricsEndpoint, OpenTelemetryCollector
+
     configure_metrics()
     with _lock:
         if _endpoint is not None:

@@ -65,3 +65,43 @@ def test_operator_setting_wins() -> None:
 
 def test_pin_reports_what_it_did() -> None:
     assert pin_mmap_threshold({}) == f"malloc mmap threshold fixed at {MMAP_THRESHOLD} bytes"
+
+
+# Frees 40 MB of small heap chunks with one chunk kept after each megabyte (the heap cannot
+# shrink from its top), then prints the resident MB before and after release_free_memory.
+TRIM_PROBE = textwrap.dedent(
+    """
+    import ctypes
+    from agent.memory import pin_mmap_threshold, release_free_memory
+
+    def rss():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+
+    pin_mmap_threshold({})
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = (ctypes.c_void_p,)
+    chunks = [libc.malloc(16 * 1024) for _ in range(2560)]
+    for chunk in chunks:
+        ctypes.memset(chunk, 1, 16 * 1024)
+    for index, chunk in enumerate(chunks):
+        if index % 64 != 63:
+            libc.free(chunk)
+    before = rss()
+    print(release_free_memory(), before, rss())
+    """
+)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_trim")
+def test_release_free_memory_returns_free_heap_pages() -> None:
+    """Free pages between chunks in use go back to the system (malloc_trim), not only the
+    heap's top."""
+    done = subprocess.run(
+        [sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True, timeout=60, check=True
+    )
+    released, before, after = done.stdout.split()
+    assert released == "True"
+    assert float(before) - float(after) > 20, done.stdout
