@@ -11,8 +11,9 @@
 * ``python start (floor of P6)``: the same interpreter started with ``-c pass``, the part of a
   start that no agent code can remove;
 * ``soak: agent RSS max`` and ``soak: RSS drift 10 % -> 100 %``: a short soak
-  (:mod:`benchmarks.soak` without channels, ``10 x repeat`` cycles, at least 200); the run
-  fails if the soak had any error. ``make soak`` is the long run.
+  (:mod:`benchmarks.soak` without channels, ``10 x repeat`` cycles, at least 200), the agent
+  exporting its spans over OTLP/gRPC to a live receiver in this process and serving its
+  Prometheus endpoint, as in production; the run fails if the soak had any error. ``make soak`` is the long run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import anyio
 from agent.imex.config import DRIVER as CD_DRIVER
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.kubelet import EventKind, KubeletEmulator
+from agent.sim.otlp import GrpcOtlpReceiver
 from benchmarks import Result
 from benchmarks.agent_process import agent_command, start_agent
 from benchmarks.soak import soak
@@ -41,9 +43,16 @@ def run(repeat: int) -> list[Result]:
     starts = max(3, repeat // 5)
     with tempfile.TemporaryDirectory(prefix="ba-", dir="/tmp") as folder:
         rows = anyio.run(_starts, Path(folder), starts)
-    with tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as folder:
+    with (
+        tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as folder,
+        GrpcOtlpReceiver() as collector,
+    ):
         cycles = max(200, 10 * repeat)
-        report = anyio.run(partial(soak, Path(folder), cycles, channels=False))
+        # as the agent runs in production: tracing exported to a live collector, metrics served
+        environ = {**collector.environ(), "GPU_DRA_METRICS_ADDRESS": "127.0.0.1:0"}
+        report = anyio.run(partial(soak, Path(folder), cycles, channels=False, environ=environ))
+        if not collector.sink.spans():
+            raise RuntimeError("the short soak's agent exported no span to the collector")
     if report.errors:
         raise RuntimeError(f"the short soak had errors: {report.errors[:5]}")
     return [

@@ -41,7 +41,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,8 +225,10 @@ async def soak(
     wipe_interval: float = 3.0,
     progress: bool = False,
     channels: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> SoakReport:
-    """Run the soak under ``base``; returns the report (nothing raised for a violated bound)."""
+    """Run the soak under ``base``; returns the report (nothing raised for a violated bound).
+    ``environ`` is added to the agents' environment (``OTEL_*``, ``GPU_DRA_METRICS_ADDRESS``)."""
     report = SoakReport(cycles, channels=channels)
     async with EmbeddedApiServer() as server, contextlib.AsyncExitStack() as stack:
         # last, after the agents stopped (also when interrupted): what they left running
@@ -246,7 +248,7 @@ async def soak(
         logs = [base / "agent.log"]
         tray: tuple[KubeletEmulator, ClaimRef, int] | None = None
         try:
-            agent = await stack.enter_async_context(_agent(command, logs[0], report))
+            agent = await stack.enter_async_context(_agent(command, logs[0], report, environ))
             if channels:
                 tray_kl = await stack.enter_async_context(
                     KubeletEmulator(base / "tray-registry", node_name=TRAY, poll_interval=0.05)
@@ -261,7 +263,9 @@ async def soak(
                     "--sim-fabric-dir", str(tray_dir / "fabric"), "--health-monitoring", "false",
                     "--compute-domains", "on",
                 ]  # fmt: skip
-                tray_agent = await stack.enter_async_context(_agent(tray_command, logs[1], report))
+                tray_agent = await stack.enter_async_context(
+                    _agent(tray_command, logs[1], report, environ)
+                )
                 await tray_kl.wait_event(EventKind.REGISTERED, CD_DRIVER, timeout=60)
                 tray = (tray_kl, await channel_claim(server, TRAY), tray_agent.pid)
             await kl.wait_event(EventKind.REGISTERED, DRIVER, timeout=60)
@@ -294,11 +298,14 @@ def _kill_processes_under(base: Path) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _agent(args: list[str], log_path: Path, report: SoakReport) -> AsyncIterator[Process]:
+async def _agent(
+    args: list[str], log_path: Path, report: SoakReport, extra: Mapping[str, str] | None = None
+) -> AsyncIterator[Process]:
     """``gpu-dra-agent run *args`` as a process, its output in ``log_path``; terminated at
     the end (an exit before that is a soak error)."""
     command = [sys.executable, "-m", "agent", "run", *args, "--log-level", "warning"]
     environ = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+    environ.update(extra or {})
     with log_path.open("wb") as log_file:
         agent = await anyio.open_process(command, stdout=log_file, stderr=log_file, env=environ)
     try:
