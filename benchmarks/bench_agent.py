@@ -12,8 +12,8 @@
   start that no agent code can remove;
 * ``soak: agent RSS max`` and ``soak: RSS drift 10 % -> 100 %``: a short soak
   (:mod:`benchmarks.soak` without channels, ``10 x repeat`` cycles, at least 200), the agent
-  exporting its spans over OTLP/gRPC to a live receiver in this process and serving its
-  Prometheus endpoint, as in production; the run fails if the soak had any error. ``make soak`` is the long run.
+  exporting its spans over OTLP (the default protocol, http/protobuf) to a live receiver in
+  this process and serving its Prometheus endpoint, as in production; the run fails if the soak had any error. ``make soak`` is the long run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import logging
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 import anyio
@@ -30,10 +29,10 @@ import anyio
 from agent.imex.config import DRIVER as CD_DRIVER
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.kubelet import EventKind, KubeletEmulator
-from agent.sim.otlp import GrpcOtlpReceiver
+from agent.sim.otlp import HttpOtlpReceiver
 from benchmarks import Result
 from benchmarks.agent_process import agent_command, start_agent
-from benchmarks.soak import soak
+from benchmarks.soak import SoakReport, soak
 
 DRIVER, NODE = "gpu.nvidia.com", "bench-node"
 
@@ -43,16 +42,9 @@ def run(repeat: int) -> list[Result]:
     starts = max(3, repeat // 5)
     with tempfile.TemporaryDirectory(prefix="ba-", dir="/tmp") as folder:
         rows = anyio.run(_starts, Path(folder), starts)
-    with (
-        tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as folder,
-        GrpcOtlpReceiver() as collector,
-    ):
+    with tempfile.TemporaryDirectory(prefix="bs-", dir="/tmp") as folder:
         cycles = max(200, 10 * repeat)
-        # as the agent runs in production: tracing exported to a live collector, metrics served
-        environ = {**collector.environ(), "GPU_DRA_METRICS_ADDRESS": "127.0.0.1:0"}
-        report = anyio.run(partial(soak, Path(folder), cycles, channels=False, environ=environ))
-        if not collector.sink.spans():
-            raise RuntimeError("the short soak's agent exported no span to the collector")
+        report = anyio.run(_traced_soak, Path(folder), cycles)
     if report.errors:
         raise RuntimeError(f"the short soak had errors: {report.errors[:5]}")
     return [
@@ -60,6 +52,17 @@ def run(repeat: int) -> list[Result]:
         Result(f"soak: agent RSS max ({cycles} cycles)", (report.rss_max,), "MB"),
         Result("soak: RSS drift 10 % -> 100 %", (report.drift_mb,), "MB"),
     ]
+
+
+async def _traced_soak(base: Path, cycles: int) -> SoakReport:
+    """The short soak as the agent runs in production: tracing on, exported (OTLP over the
+    default protocol, http/protobuf) to a live receiver, and the metrics endpoint served."""
+    async with HttpOtlpReceiver() as collector:
+        environ = {**collector.environ(), "GPU_DRA_METRICS_ADDRESS": "127.0.0.1:0"}
+        report = await soak(base, cycles, channels=False, environ=environ)
+        if not collector.sink.spans:
+            report.errors.append("the agent exported no span to the collector")
+        return report
 
 
 async def _starts(base: Path, starts: int) -> list[Result]:
