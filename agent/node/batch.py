@@ -48,6 +48,7 @@ from agent.node.facts import claim_spec
 from agent.node.holders import DeviceHolders, Prepared
 from agent.node.offload import FILES
 from agent.node.plan import PrepareRefused
+from agent.node.spec_writes import SpecWrites
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
 
@@ -64,19 +65,15 @@ def answer(devices: Prepared) -> ClaimPrepareResult:
     )
 
 
-async def write_spec(
-    specs: CdiSpecDirectory, uid: str, devices: Prepared, *, ensure: bool = False
-) -> None:
-    """Write a claim's CDI spec (``ensure``: only if missing or different); traced."""
+async def ensure_spec(specs: CdiSpecDirectory, uid: str, devices: Prepared) -> None:
+    """Write a claim's CDI spec if it is missing or different; traced. (A new claim's spec
+    is written by ``SpecWrites``.)"""
     spec = claim_spec(specs.driver, uid, devices)
     with tracer().start_as_current_span("cdi.write") as span:
         span.set_attribute("k8s.resourceclaim.uid", uid)
-        if ensure:
-            path = specs.claim_path(uid)
-            written = await FILES.run(specs.ensure, path, spec)
-            span.set_attribute("cdi.rewritten", written)
-        else:
-            await FILES.run(specs.write_claim, uid, spec)
+        path = specs.claim_path(uid)
+        written = await FILES.run(specs.ensure, path, spec)
+        span.set_attribute("cdi.rewritten", written)
 
 
 class PrepareBatch:
@@ -95,6 +92,7 @@ class PrepareBatch:
         self._effects = effects or Effects()
         self._leftover: dict[str, tuple[cp.Intent, ...]] = {}  # intents a failure left
         self._specs = specs
+        self._spec_writes = SpecWrites(specs)
         self._holders = holders
         self._planner = planner
         self._spans = spans
@@ -171,7 +169,7 @@ class PrepareBatch:
                 self._holders.reserve(ref.uid, devices)
             try:
                 with anyio.CancelScope(shield=True):
-                    await write_spec(self._specs, ref.uid, devices)
+                    await self._spec_writes.write(ref.uid, devices)
             except (NodeError, cdi.CdiSpecError) as error:
                 self._failures[ref.uid] = str(error)
                 await self._undo_made(ref.uid, devices)
