@@ -29,6 +29,7 @@ a corrupt checkpoint, see ``reconcile``) keep their entry until step 3 replaces 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
@@ -113,12 +114,16 @@ class PrepareBatch:
                 checkpoint = cp.mark_started(checkpoint, ref.uid, ref.namespace, ref.name)
                 intent = True
         self._state.update(checkpoint)
-        intent_write = None
+        intent_write = completion = None
         try:
             # The intent write goes to the writer thread now, before the claims are read: it
             # is the longer of the two paths. One claim (the usual request) needs no task group.
+            begun = None
             if intent:
+                running = self._state.running
                 intent_write = self._state.start(more=True)
+                if self._state.running is not running:  # handed over, not waiting for another
+                    begun = self._state.running
             if len(refs) == 1:
                 await self._claim(refs[0])
             else:
@@ -127,10 +132,13 @@ class PrepareBatch:
                         group.start_soon(self._claim, ref)
             if intent_write is not None:
                 started, intent_write = intent_write, None
-                await self._commit_started(started)
+                if begun is not None:
+                    completion = self._follow(begun)
+                await self._commit_started(started, chained=completion is not None)
         except BaseException:  # cancelled (the kubelet's deadline) or a bug
-            if intent_write is not None:
-                intent_write.close()  # not awaited: the commit below waits for its write
+            for write in (intent_write, completion):
+                if write is not None:
+                    write.close()  # not awaited: the commit below waits for its write
             with anyio.CancelScope(shield=True):
                 await self._restore(list(self._previous))
                 if intent:  # take the started entries off the disk again
@@ -138,7 +146,7 @@ class PrepareBatch:
                         await self._state.commit()
             raise
         with anyio.CancelScope(shield=True):
-            await self._complete(intent, results)
+            await self._complete(intent, results, completion)
 
     async def _claim(self, ref: ClaimRef) -> None:
         with trace.use_span(self._spans[ref.uid], end_on_exit=False):
@@ -227,33 +235,58 @@ class PrepareBatch:
         self._state.update(cp.record_intents(self._state.checkpoint, uid, intents))
         await self._state.commit(more=True)
 
-    async def _commit_started(self, write: Coroutine[Any, Any, None]) -> None:
+    async def _commit_started(self, write: Coroutine[Any, Any, None], *, chained: bool) -> None:
         try:
             await write
         except NodeError as error:
             self._commit_error = str(error)
             return
-        crash_point("after-prepare-started")
+        if not chained:  # else the writer thread passed it, before the completion write
+            crash_point("after-prepare-started")
 
-    async def _complete(self, intent: bool, results: dict[str, ClaimPrepareResult]) -> None:
-        if self._commit_error is not None:
-            await self._restore(list(self._previous))
-            for uid in self._previous:
-                results[uid] = ClaimPrepareResult(error=self._commit_error)
-            return
-        for uid, error in self._failures.items():
-            results[uid] = ClaimPrepareResult(error=error)
-        await self._restore(list(self._failures))
+    def _follow(self, started: asyncio.Future[None]) -> Coroutine[Any, Any, None] | None:
+        """Step 3's write, queued behind the ``PrepareStarted`` write still running
+        (``CheckpointCommitter.follow``); None when that write has ended (or another was
+        handed over after it): then ``_complete`` commits as usual."""
+        if started.done() or self._state.running is not started:
+            return None
+        self._restore_entries(list(self._failures))
+        self._mark_completed()
+        return self._state.follow(started, lambda: crash_point("after-prepare-started"))
+
+    def _mark_completed(self) -> None:
+        """The claims whose spec is on disk, completed in memory."""
         checkpoint = self._state.checkpoint
         for uid, devices in self._written.items():
             checkpoint = self._started(checkpoint, uid)
             spec_file = self._specs.claim_path(uid).name
             checkpoint = cp.mark_completed(checkpoint, uid, devices, spec_file)
         self._state.update(checkpoint)
-        if not self._written and not intent:
+
+    async def _complete(
+        self,
+        intent: bool,
+        results: dict[str, ClaimPrepareResult],
+        completion: Coroutine[Any, Any, None] | None = None,
+    ) -> None:
+        if self._commit_error is not None:
+            if completion is not None:  # queued behind the failed write: not made
+                with contextlib.suppress(NodeError):
+                    await completion
+            await self._restore(list(self._previous))
+            for uid in self._previous:
+                results[uid] = ClaimPrepareResult(error=self._commit_error)
             return
+        for uid, error in self._failures.items():
+            results[uid] = ClaimPrepareResult(error=error)
+        if completion is None:
+            await self._restore(list(self._failures))
+            self._mark_completed()
+            if not self._written and not intent:
+                return
+            completion = self._state.commit()
         try:
-            await self._state.commit()
+            await completion
         except NodeError as error:
             await self._restore(list(self._written), keep_started=True)
             for uid in self._written:
@@ -284,6 +317,21 @@ class PrepareBatch:
         disk): leave them started in memory too, and keep their specs for the retry. Else a
         spec that nobody owns any more is removed (a leftover is removed at the next start).
         """
+        self._restore_entries(uids, keep_started=keep_started)
+        if keep_started:
+            return
+        for uid in uids:
+            before = self._previous.get(uid)
+            if before is not None and before.state is cp.ClaimState.PREPARE_COMPLETED:
+                continue  # its old spec must stay (a write replaces it atomically)
+            if uid in self._written:
+                try:
+                    await FILES.run(self._specs.remove_claim, uid)
+                except NodeError:
+                    pass  # an orphan spec is removed at the next start
+
+    def _restore_entries(self, uids: list[str], *, keep_started: bool = False) -> None:
+        """The in-memory half of ``_restore``."""
         checkpoint = self._state.checkpoint
         for uid in uids:
             self._holders.settle(uid)
@@ -300,14 +348,3 @@ class PrepareBatch:
             if leftover and (entry is None or entry.state is cp.ClaimState.PREPARE_STARTED):
                 checkpoint = self._started(checkpoint, uid, leftover)  # undone later
         self._state.update(checkpoint)
-        if keep_started:
-            return
-        for uid in uids:
-            before = self._previous.get(uid)
-            if before is not None and before.state is cp.ClaimState.PREPARE_COMPLETED:
-                continue  # its old spec must stay (a write replaces it atomically)
-            if uid in self._written:
-                try:
-                    await FILES.run(self._specs.remove_claim, uid)
-                except NodeError:
-                    pass  # an orphan spec is removed at the next start
