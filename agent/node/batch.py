@@ -29,8 +29,9 @@ a corrupt checkpoint, see ``reconcile``) keep their entry until step 3 replaces 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -48,6 +49,7 @@ from agent.node.facts import claim_spec
 from agent.node.holders import DeviceHolders, Prepared
 from agent.node.offload import FILES
 from agent.node.plan import PrepareRefused
+from agent.node.spec_writes import SpecWrites
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
 
@@ -66,19 +68,15 @@ def answer(devices: Prepared) -> ClaimPrepareResult:
     )
 
 
-async def write_spec(
-    specs: CdiSpecDirectory, uid: str, devices: Prepared, *, ensure: bool = False
-) -> None:
-    """Write a claim's CDI spec (``ensure``: only if missing or different); traced."""
+async def ensure_spec(specs: CdiSpecDirectory, uid: str, devices: Prepared) -> None:
+    """Write a claim's CDI spec if it is missing or different; traced. (A new claim's spec
+    is written by ``SpecWrites``.)"""
     spec = claim_spec(specs.driver, uid, devices)
     with tracer().start_as_current_span("cdi.write") as span:
         span.set_attribute("k8s.resourceclaim.uid", uid)
-        if ensure:
-            path = specs.claim_path(uid)
-            written = await FILES.run(specs.ensure, path, spec)
-            span.set_attribute("cdi.rewritten", written)
-        else:
-            await FILES.run(specs.write_claim, uid, spec)
+        path = specs.claim_path(uid)
+        written = await FILES.run(specs.ensure, path, spec)
+        span.set_attribute("cdi.rewritten", written)
 
 
 class PrepareBatch:
@@ -97,6 +95,7 @@ class PrepareBatch:
         self._effects = effects or Effects()
         self._leftover: dict[str, tuple[cp.Intent, ...]] = {}  # intents a failure left
         self._specs = specs
+        self._spec_writes = SpecWrites(specs)
         self._holders = holders
         self._planner = planner
         self._spans = spans
@@ -109,30 +108,38 @@ class PrepareBatch:
     async def run(self, refs: Sequence[ClaimRef], results: dict[str, ClaimPrepareResult]) -> None:
         """Prepare ``refs``, filling ``results`` for each of them."""
         checkpoint = self._state.checkpoint
-        intent = False
+        fresh = []
         for ref in refs:
             self._refs[ref.uid] = ref
             entry = self._previous[ref.uid] = checkpoint.claims.get(ref.uid)
             if entry is None or entry.state is cp.ClaimState.PREPARE_STARTED:
-                checkpoint = cp.mark_started(checkpoint, ref.uid, ref.namespace, ref.name)
-                intent = True
-        self._state.update(checkpoint)
-        intent_write = None
+                fresh.append(ref.uid)
+        intent = bool(fresh)
+        if fresh:
+            self._state.update(_each(checkpoint, fresh, self._mark_started, move=False))
+        intent_write = completion = None
         try:
             # The intent write goes to the writer thread now, before the claims are read: it
             # is the longer of the two paths. One claim (the usual request) needs no task group.
+            begun = None
             if intent:
+                running = self._state.running
                 intent_write = self._state.start(more=True)
+                if self._state.running is not running:  # handed over, not waiting for another
+                    begun = self._state.running
             if len(refs) == 1:
                 await self._claim(refs[0])
             else:
                 await self._claims(refs)
             if intent_write is not None:
                 started, intent_write = intent_write, None
-                await self._commit_started(started)
+                if begun is not None:
+                    completion = self._follow(begun)
+                await self._commit_started(started, chained=completion is not None)
         except BaseException:  # cancelled (the kubelet's deadline) or a bug
-            if intent_write is not None:
-                intent_write.close()  # not awaited: the commit below waits for its write
+            for write in (intent_write, completion):
+                if write is not None:
+                    write.close()  # not awaited: the commit below waits for its write
             with anyio.CancelScope(shield=True):
                 await self._restore(list(self._previous))
                 if intent:  # take the started entries off the disk again
@@ -140,7 +147,7 @@ class PrepareBatch:
                         await self._state.commit()
             raise
         with anyio.CancelScope(shield=True):
-            await self._complete(intent, results)
+            await self._complete(intent, results, completion)
 
     async def _claims(self, refs: Sequence[ClaimRef]) -> None:
         """Step 2 for ``refs``, at most ``CLAIMS_IN_FLIGHT`` at a time: a task per claim of a
@@ -186,7 +193,7 @@ class PrepareBatch:
                 self._holders.reserve(ref.uid, devices)
             try:
                 with anyio.CancelScope(shield=True):
-                    await write_spec(self._specs, ref.uid, devices)
+                    await self._spec_writes.write(ref.uid, devices)
             except (NodeError, cdi.CdiSpecError) as error:
                 self._failures[ref.uid] = str(error)
                 await self._undo_made(ref.uid, devices)
@@ -244,33 +251,64 @@ class PrepareBatch:
         self._state.update(cp.record_intents(self._state.checkpoint, uid, intents))
         await self._state.commit(more=True)
 
-    async def _commit_started(self, write: Coroutine[Any, Any, None]) -> None:
+    async def _commit_started(self, write: Coroutine[Any, Any, None], *, chained: bool) -> None:
         try:
             await write
         except NodeError as error:
             self._commit_error = str(error)
             return
-        crash_point("after-prepare-started")
+        if not chained:  # else the writer thread passed it, before the completion write
+            crash_point("after-prepare-started")
 
-    async def _complete(self, intent: bool, results: dict[str, ClaimPrepareResult]) -> None:
+    def _follow(self, started: asyncio.Future[None]) -> Coroutine[Any, Any, None] | None:
+        """Step 3's write, queued behind the ``PrepareStarted`` write still running
+        (``CheckpointCommitter.follow``); None when that write has ended (or another was
+        handed over after it): then ``_complete`` commits as usual."""
+        if started.done() or self._state.running is not started:
+            return None
+        self._restore_entries(list(self._failures))
+        self._mark_completed()
+        return self._state.follow(started, lambda: crash_point("after-prepare-started"))
+
+    def _mark_completed(self) -> None:
+        """The claims whose spec is on disk, completed in memory."""
+        if self._written:
+            checkpoint = _each(self._state.checkpoint, self._written, self._completed, move=True)
+            self._state.update(checkpoint)
+
+    def _mark_started(self, checkpoint: cp.Checkpoint, uid: str) -> cp.Checkpoint:
+        ref = self._refs[uid]
+        return cp.mark_started(checkpoint, uid, ref.namespace, ref.name)
+
+    def _completed(self, checkpoint: cp.Checkpoint, uid: str) -> cp.Checkpoint:
+        checkpoint = self._started(checkpoint, uid)
+        spec_file = self._specs.claim_path(uid).name
+        return cp.mark_completed(checkpoint, uid, self._written[uid], spec_file)
+
+    async def _complete(
+        self,
+        intent: bool,
+        results: dict[str, ClaimPrepareResult],
+        completion: Coroutine[Any, Any, None] | None = None,
+    ) -> None:
         if self._commit_error is not None:
+            if completion is not None:  # queued behind the failed write: not made
+                with contextlib.suppress(NodeError):
+                    await completion
             await self._restore(list(self._previous))
             for uid in self._previous:
                 results[uid] = ClaimPrepareResult(error=self._commit_error)
             return
         for uid, error in self._failures.items():
             results[uid] = ClaimPrepareResult(error=error)
-        await self._restore(list(self._failures))
-        checkpoint = self._state.checkpoint
-        for uid, devices in self._written.items():
-            checkpoint = self._started(checkpoint, uid)
-            spec_file = self._specs.claim_path(uid).name
-            checkpoint = cp.mark_completed(checkpoint, uid, devices, spec_file)
-        self._state.update(checkpoint)
-        if not self._written and not intent:
-            return
+        if completion is None:
+            await self._restore(list(self._failures))
+            self._mark_completed()
+            if not self._written and not intent:
+                return
+            completion = self._state.commit()
         try:
-            await self._state.commit()
+            await completion
         except NodeError as error:
             await self._restore(list(self._written), keep_started=True)
             for uid in self._written:
@@ -301,6 +339,21 @@ class PrepareBatch:
         disk): leave them started in memory too, and keep their specs for the retry. Else a
         spec that nobody owns any more is removed (a leftover is removed at the next start).
         """
+        self._restore_entries(uids, keep_started=keep_started)
+        if keep_started:
+            return
+        for uid in uids:
+            before = self._previous.get(uid)
+            if before is not None and before.state is cp.ClaimState.PREPARE_COMPLETED:
+                continue  # its old spec must stay (a write replaces it atomically)
+            if uid in self._written:
+                try:
+                    await FILES.run(self._specs.remove_claim, uid)
+                except NodeError:
+                    pass  # an orphan spec is removed at the next start
+
+    def _restore_entries(self, uids: list[str], *, keep_started: bool = False) -> None:
+        """The in-memory half of ``_restore``."""
         checkpoint = self._state.checkpoint
         for uid in uids:
             self._holders.settle(uid)
@@ -317,14 +370,27 @@ class PrepareBatch:
             if leftover and (entry is None or entry.state is cp.ClaimState.PREPARE_STARTED):
                 checkpoint = self._started(checkpoint, uid, leftover)  # undone later
         self._state.update(checkpoint)
-        if keep_started:
-            return
-        for uid in uids:
-            before = self._previous.get(uid)
-            if before is not None and before.state is cp.ClaimState.PREPARE_COMPLETED:
-                continue  # its old spec must stay (a write replaces it atomically)
-            if uid in self._written:
-                try:
-                    await FILES.run(self._specs.remove_claim, uid)
-                except NodeError:
-                    pass  # an orphan spec is removed at the next start
+
+
+def _each(
+    checkpoint: cp.Checkpoint,
+    uids: Iterable[str],
+    change: Callable[[cp.Checkpoint, str], cp.Checkpoint],
+    *,
+    move: bool,
+) -> cp.Checkpoint:
+    """``change(checkpoint, uid)`` for each of ``uids`` in turn, each on a checkpoint of that
+    one claim: the claims are copied once for the batch, not once or twice per claim (a
+    batch of 32 made over a hundred copies of the growing claim map). ``move``: the changed
+    entries go to the end, as a removal and a new entry would put them."""
+    changed: dict[str, cp.PreparedClaim] = {}
+    for uid in uids:
+        entry = checkpoint.claims.get(uid)
+        one = cp.Checkpoint(checkpoint.boot_id, {uid: entry} if entry is not None else {})
+        changed[uid] = change(one, uid).claims[uid]
+    if move:
+        claims = {uid: c for uid, c in checkpoint.claims.items() if uid not in changed}
+    else:
+        claims = dict(checkpoint.claims)
+    claims.update(changed)
+    return cp.Checkpoint(checkpoint.boot_id, claims)

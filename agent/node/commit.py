@@ -14,7 +14,12 @@ file, the engine replaces the in-memory checkpoint wholesale
 Latency: when no write is running, :meth:`CheckpointCommitter.commit` hands its snapshot to
 the writer thread before it yields for the first time. A prepare starts its
 ``PrepareStarted`` write that way before it sends the claim GET, so the write (the longer of
-the two) is not delayed by the GET's work on the event loop.
+the two) is not delayed by the GET's work on the event loop. When the claims are ready while
+that write still runs, :meth:`CheckpointCommitter.follow` queues the ``PrepareCompleted``
+write right behind it in the writer thread, to run only if it succeeded: the thread goes
+from one write to the next without a round trip through the event loop (the loop hearing
+of the first write, then handing over the second: 0.3-0.4 ms on the development VM). The
+order on disk is the same: the second write starts only once the first is durable.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from opentelemetry import trace
 
 from agent.node.checkpoint import Checkpoint, PreparedClaim
 from agent.node.checkpoint_store import CheckpointStore
+from agent.node.errors import NodeError
 from agent.node.offload import IoThreads
 from agent.telemetry.metrics import CHECKPOINT_WRITE_DURATION, PREPARED_CLAIMS, observe, set_gauge
 from agent.telemetry.tracing import tracer
@@ -56,7 +62,8 @@ class CheckpointCommitter:
         self._version = 0
         self._durable_version = 0
         self._writer = IoThreads("gpu-dra-checkpoint", max_threads=1)
-        self._running: asyncio.Future[None] | None = None  # the write in the writer thread
+        self._running: asyncio.Future[None] | None = None  # the last write handed over
+        self._outcome = _Outcome()  # of that write, set by the writer thread
         self.writes = 0  # checkpoint files written since start (a test and metrics hook)
         self._count_prepared(checkpoint)
 
@@ -101,6 +108,25 @@ class CheckpointCommitter:
         """
         await self.start(more=more)
 
+    @property
+    def running(self) -> asyncio.Future[None] | None:
+        """The last write handed to the writer thread, until the loop hears that it ended."""
+        return self._running
+
+    def follow(
+        self, write: asyncio.Future[None], before: Callable[[], None]
+    ) -> Coroutine[Any, Any, None] | None:
+        """``start()``, queued in the writer thread behind ``write`` (which must be the last
+        write handed over and still running), to run only if ``write`` succeeded: then
+        ``before`` runs in the thread (a crash point), then this write. An error of
+        ``write`` fails this one too, with nothing written. None (nothing queued) when
+        ``write`` is not the last write or has ended: commit as usual then."""
+        if write is not self._running or write.done():
+            return None
+        if self._durable_version >= self._version:
+            return None
+        return self._wait(self._version, False, self._begin(False, (write, before)))
+
     def start(self, *, more: bool = False) -> Coroutine[Any, Any, None]:
         """``commit()``, with the write handed to the writer thread before this returns
         (unless another write is running): the caller awaits the result later, after work
@@ -121,9 +147,30 @@ class CheckpointCommitter:
             else:
                 await asyncio.wait((running,))
 
-    def _begin(self, more: bool) -> asyncio.Future[None]:
+    def _save(
+        self,
+        snapshot: Checkpoint,
+        outcome: _Outcome,
+        previous: tuple[_Outcome, Callable[[], None]] | None,
+    ) -> None:
+        """In the writer thread: save ``snapshot``; behind ``previous`` only if it succeeded
+        (then its hook runs first)."""
+        outcome.ok = False
+        if previous is not None:
+            if not previous[0].ok:
+                raise WriteSkipped("the checkpoint was not written: the write before it failed")
+            previous[1]()
+        self._store.save(snapshot)
+        outcome.ok = True
+
+    def _begin(
+        self, more: bool, after: tuple[asyncio.Future[None], Callable[[], None]] | None = None
+    ) -> asyncio.Future[None]:
         snapshot, version = self._checkpoint, self._version
-        running = self._writer.submit(self._store.save, snapshot)  # may raise: no span yet
+        outcome = _Outcome()
+        previous = None if after is None else (self._outcome, after[1])
+        running = self._writer.submit(self._save, snapshot, outcome, previous)  # may raise
+        self._outcome = outcome
         started = time.perf_counter()
         span = tracer().start_span("checkpoint.write")
         span.set_attribute("checkpoint.claims", len(snapshot.claims))
@@ -132,7 +179,8 @@ class CheckpointCommitter:
             self._writer.submit(self._tidy)  # behind this write; nobody waits for it
 
         def finished(future: asyncio.Future[None]) -> None:  # runs before any waiter
-            self._running = None
+            if self._running is future:
+                self._running = None
             error = None if future.cancelled() else future.exception()
             if error is not None:
                 span.record_exception(error)
@@ -147,6 +195,19 @@ class CheckpointCommitter:
 
         running.add_done_callback(finished)
         return running
+
+
+class _Outcome:
+    """Whether a write succeeded, as the writer thread saw it (None: not yet ended)."""
+
+    __slots__ = ("ok",)
+
+    def __init__(self) -> None:
+        self.ok: bool | None = None
+
+
+class WriteSkipped(NodeError):
+    """A write queued behind another was not made, because that one failed."""
 
 
 async def _finish(running: asyncio.Future[None]) -> None:

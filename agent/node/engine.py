@@ -92,7 +92,7 @@ from agent.hardware.inventory import Inventory
 from agent.kube.claims import ClaimReader
 from agent.kube.events import EventPoster
 from agent.node import checkpoint as cp
-from agent.node.batch import PrepareBatch, answer, write_spec
+from agent.node.batch import PrepareBatch, answer, ensure_spec
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore, LoadStatus
 from agent.node.commit import CheckpointCommitter
@@ -368,7 +368,7 @@ class PrepareEngine:
         with trace.use_span(span, end_on_exit=False):
             span.set_attribute("gpu.device.names", [d.device for d in entry.devices])
             try:
-                await write_spec(self._specs, entry.uid, entry.devices, ensure=True)
+                await ensure_spec(self._specs, entry.uid, entry.devices)
             except (NodeError, cdi.CdiSpecError) as error:
                 results[entry.uid] = ClaimPrepareResult(error=str(error))
                 return

@@ -35,6 +35,17 @@ def test_p1_is_the_prepare_over_the_physical_floor_of_the_same_run() -> None:
     assert {r.key for r in rows} == {"P1", "P7"}  # only rows that were measured
 
 
+def test_p2_is_the_batch_over_p1_of_the_same_run_bound_at_four() -> None:
+    batch = Result("engine prepare 32 MIG claims, CDI on tmpfs", (14.0,))
+    p2 = next(r for r in summarize([*_results(4.0), batch]) if r.key == "P2")
+    assert p2.floor == 4.0  # P1's value: the issue bounds P2 at 4 x P1
+    assert p2.ratio == 3.5
+    assert p2.within_bound is True
+    batch = Result("engine prepare 32 MIG claims, CDI on tmpfs", (17.0,))
+    p2 = next(r for r in summarize([*_results(4.0), batch]) if r.key == "P2")
+    assert p2.within_bound is False
+
+
 def test_a_ratio_more_than_25_percent_worse_than_the_baseline_is_flagged(tmp_path: Path) -> None:
     path = tmp_path / "baseline.json"
     write_baseline(path, summarize(_results(2.0)), "test")
@@ -84,7 +95,7 @@ def test_the_issue_goals_are_bounds_that_check_flags() -> None:
         Result("xid -> taint in API server", (60.0,)),
     ]
     rows = {(r.key, r.what): r for r in summarize(results)}
-    p2 = rows["P2", "prepare batch of 32 (MIG claims), p50"]
+    p2 = rows["P2", "prepare batch of 32 (MIG claims) against P1, p50"]
     assert p2.floor == 3.0 and p2.ratio == 4.0 and p2.within_bound is True
     assert compare(list(rows.values()), None) == []
 
@@ -98,7 +109,7 @@ def test_the_issue_goals_are_bounds_that_check_flags() -> None:
     ]
     flags = compare(summarize(worse), None)
     assert [flag.split(":")[0] for flag in flags] == [
-        "P2 prepare batch of 32 (MIG claims), p50",
+        "P2 prepare batch of 32 (MIG claims) against P1, p50",
         "P4 NVML event -> taint in API server, p99",
         "P6 agent start -> registration, p50",
         "P7 soak",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -11,8 +13,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore
+from agent.node.commit import CheckpointCommitter
 from agent.node.engine import EngineNotStarted, PrepareEngine
 from agent.node.errors import CdiFileError, NodeError
 from agent.telemetry.tracing import configure_tracing
@@ -152,4 +156,52 @@ async def test_close_waits_for_requests_in_flight(node: Node) -> None:
         assert outcome == {"error": None}  # finished before close() returned
         with pytest.raises(EngineNotStarted):
             await engine.prepare([ref])
+    node.assert_consistent()
+
+
+@pytest.mark.parametrize("failing_write", [0, 1, 2], ids=["none", "started", "completed"])
+async def test_a_completion_write_queued_behind_a_slow_started_write(
+    node: Node, engine: PrepareEngine, monkeypatch: pytest.MonkeyPatch, failing_write: int
+) -> None:
+    """The specs are on disk while the PrepareStarted write still runs (held until then):
+    the completion write is queued behind it in the writer thread (``CheckpointCommitter.follow``), and made only
+    if it succeeds."""
+    refs = [await node.claim(f"c{i}", [f"gpu-{i}"]) for i in range(2)]
+    queued = threading.Event()
+    saves: list[list[str]] = []
+    save = CheckpointStore.save
+
+    def slow_save(self: CheckpointStore, checkpoint: cp.Checkpoint) -> None:
+        if not saves:
+            queued.wait(5)  # until the loop queues the completion write
+        saves.append(sorted(str(c.state) for c in checkpoint.claims.values()))
+        if len(saves) == failing_write:
+            raise NodeError("disk full (injected)")
+        save(self, checkpoint)
+
+    followed: list[bool] = []
+    follow = CheckpointCommitter.follow
+
+    def spy(self: CheckpointCommitter, *args: Any) -> Any:
+        queued.set()  # the thread reports back only once the loop is done here
+        completion = follow(self, *args)
+        followed.append(completion is not None)
+        return completion
+
+    monkeypatch.setattr(CheckpointStore, "save", slow_save)
+    monkeypatch.setattr(CheckpointCommitter, "follow", spy)
+    results = await engine.prepare(refs)
+    assert followed == [True]
+    if failing_write == 0:
+        assert all(r.error is None for r in results.values())
+        assert saves == [["PrepareStarted"] * 2, ["PrepareCompleted"] * 2]
+    else:
+        assert all("disk full (injected)" in (r.error or "") for r in results.values())
+        assert len(saves) == failing_write  # after a failed started write, nothing more
+        completed = [c for c in engine.checkpoint.claims.values() if c.state == "PrepareCompleted"]
+        assert completed == []
+    if failing_write != 2:  # else the claims stay started on disk, for the retry
+        node.assert_consistent()
+    monkeypatch.setattr(CheckpointStore, "save", save)
+    assert all(r.error is None for r in (await engine.prepare(refs)).values())
     node.assert_consistent()
