@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Bytecode caches on, whatever the caller's environment says: every test and benchmark starts
+# dozens of agent processes, and with PYTHONDONTWRITEBYTECODE set each one compiles the whole
+# agent package again (about 0.15 s of CPU a start; an installed agent has its .pyc files).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test lint proto bench soak clean tools cdi-schema prometheus image image-tools test-image
 
