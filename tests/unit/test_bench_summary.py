@@ -86,28 +86,23 @@ def test_the_median_run_of_each_row_is_kept_whole() -> None:
 def test_the_issue_goals_are_bounds_that_check_flags() -> None:
     """P2 against P1 of the same run (<= 4 x), start (<= 500 ms) and resident memory (<= 80
     MB) on their values although they have a floor or none, the taint's p99 <= 100 ms."""
-    results = [
-        *_results(3.0),
-        Result("engine prepare 32 MIG claims in one request", (12.0,)),
-        Result("agent start -> registered (dgx-h100)", (450.0,)),
-        Result("python start (floor of P6)", (25.0,)),
-        Result("soak: agent RSS max (200 cycles)", (79.0,), "MB"),
-        Result("xid -> taint in API server", (60.0,)),
-    ]
-    rows = {(r.key, r.what): r for r in summarize(results)}
+
+    def results(batch: float, start: float, rss: float, taint: float) -> list[Result]:
+        return [
+            *_results(3.0),
+            Result("engine prepare 32 MIG claims in one request", (batch,)),
+            Result("agent start -> registered (dgx-h100)", (start,)),
+            Result("python start (floor of P6)", (25.0,)),
+            Result("soak: agent RSS max (200 cycles)", (rss,), "MB"),
+            Result("xid -> taint in API server", (taint,)),
+        ]
+
+    rows = {(r.key, r.what): r for r in summarize(results(12.0, 450.0, 79.0, 60.0))}
     p2 = rows["P2", "prepare batch of 32 (MIG claims) against P1, p50"]
     assert p2.floor == 3.0 and p2.ratio == 4.0 and p2.within_bound is True
     assert compare(list(rows.values()), None) == []
 
-    worse = [
-        *_results(3.0),
-        Result("engine prepare 32 MIG claims in one request", (12.3,)),
-        Result("agent start -> registered (dgx-h100)", (510.0,)),
-        Result("python start (floor of P6)", (25.0,)),
-        Result("soak: agent RSS max (200 cycles)", (81.0,), "MB"),
-        Result("xid -> taint in API server", (101.0,)),
-    ]
-    flags = compare(summarize(worse), None)
+    flags = compare(summarize(results(12.3, 510.0, 81.0, 101.0)), None)
     assert [flag.split(":")[0] for flag in flags] == [
         "P2 prepare batch of 32 (MIG claims) against P1, p50",
         "P4 NVML event -> taint in API server, p99",

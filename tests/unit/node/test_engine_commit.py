@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import anyio
 import pytest
@@ -60,14 +61,23 @@ class FailingFirstStore(SlowStore):
         self.saved.append(sorted(checkpoint.claims))
 
 
-async def test_a_followed_write_runs_behind_the_running_one_without_the_loop() -> None:
-    store = SlowStore()
+def _second_claim_behind_a_running_write(
+    store: SlowStore,
+) -> tuple[CheckpointCommitter, Any, Any]:
+    """A committer whose write of claim 0 is running in the writer thread (held there by the
+    store) and whose checkpoint has claim 1 too; returns it, that write and its handle."""
     committer = CheckpointCommitter(store, cp.Checkpoint("boot"))  # type: ignore[arg-type]
     committer.update(cp.mark_started(committer.checkpoint, UIDS[0], "ns", "c0"))
     first = committer.start(more=True)
     running = committer.running
     assert running is not None
     committer.update(cp.mark_started(committer.checkpoint, UIDS[1], "ns", "c1"))
+    return committer, first, running
+
+
+async def test_a_followed_write_runs_behind_the_running_one_without_the_loop() -> None:
+    store = SlowStore()
+    committer, first, running = _second_claim_behind_a_running_write(store)
     hooks: list[str] = []
     followed = committer.follow(running, lambda: hooks.append(threading.current_thread().name))
     assert followed is not None
@@ -83,12 +93,7 @@ async def test_a_followed_write_runs_behind_the_running_one_without_the_loop() -
 
 async def test_a_followed_write_is_not_made_when_the_one_before_fails() -> None:
     store = FailingFirstStore()
-    committer = CheckpointCommitter(store, cp.Checkpoint("boot"))  # type: ignore[arg-type]
-    committer.update(cp.mark_started(committer.checkpoint, UIDS[0], "ns", "c0"))
-    first = committer.start(more=True)
-    running = committer.running
-    assert running is not None
-    committer.update(cp.mark_started(committer.checkpoint, UIDS[1], "ns", "c1"))
+    committer, first, running = _second_claim_behind_a_running_write(store)
     hooks: list[str] = []
     followed = committer.follow(running, lambda: hooks.append("ran"))
     assert followed is not None
