@@ -42,7 +42,7 @@ from agent.hardware.nvml import Nvml
 from agent.health.policy import HealthPolicy
 from agent.health.state import HealthStateMachine, Transition, device_map
 from agent.health.stream import HealthHub
-from agent.kube.events import EventPoster
+from agent.kube.interfaces import EventPoster
 from agent.telemetry.tracing import caused_by, tracer
 
 log = logging.getLogger(__name__)

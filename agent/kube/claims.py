@@ -18,52 +18,26 @@ import asyncio
 import json
 import logging
 import urllib.request
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 import aiohttp
 from opentelemetry.trace import SpanKind
 
-from agent.errors import AgentError
+from agent.kube.interfaces import ClaimNotFound as ClaimNotFound  # re-exported
+from agent.kube.interfaces import ClaimReader as ClaimReader
+from agent.kube.interfaces import ClaimReadError as ClaimReadError
+from agent.kube.interfaces import Obj
 from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 CLAIM_PATH = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 DEFAULT_TIMEOUT_S = 10.0
 
 
-class ClaimReadError(AgentError):
-    """A ResourceClaim could not be read; ``status`` is the HTTP status (0: no response)."""
-
-    def __init__(self, namespace: str, name: str, status: int, detail: str) -> None:
-        self.namespace = namespace
-        self.name = name
-        self.status = status
-        super().__init__(f"cannot read ResourceClaim {namespace}/{name}: {detail}")
-
-
-class ClaimNotFound(ClaimReadError):
-    """The ResourceClaim does not exist (deleted, or the kubelet's view is stale)."""
-
-    def __init__(self, namespace: str, name: str) -> None:
-        super().__init__(
-            namespace,
-            name,
-            404,
-            "it does not exist (it was deleted, or the pod's claim was never created)",
-        )
-
-
 #: Claim GETs one reader has in flight at most (the others wait their turn).
 MAX_CONCURRENT_READS = 64
-
-
-class ClaimReader(Protocol):
-    """What the prepare engine needs: one claim by namespace and name, as a JSON dict."""
-
-    async def read(self, namespace: str, name: str) -> Obj: ...
 
 
 class ApiClaimReader:

@@ -16,19 +16,19 @@ import logging
 import os
 import socket
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import aiohttp
 import anyio
 
 from agent.errors import describe
 from agent.kube.backoff import Backoff
+from agent.kube.interfaces import EventPoster as EventPoster  # re-exported
+from agent.kube.interfaces import EventType, Obj
 from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-EventType = Literal["Normal", "Warning"]
 COMPONENT = "gpu-dra-agent"
 EVENTS_PATH = "/api/v1/namespaces/{namespace}/events"
 # Events about cluster-scoped objects (Nodes) live in the default namespace, as the kubelet's do.
@@ -40,12 +40,6 @@ DEFAULT_ATTEMPTS = 4
 RETRYABLE_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: The longest ``Retry-After`` honoured for an Event (it must not hold later ones for long).
 MAX_EVENT_RETRY_AFTER_S = 5.0
-
-
-class EventPoster(Protocol):
-    """Posts an Event about this Node; never raises."""
-
-    async def post(self, type_: EventType, reason: str, message: str) -> None: ...
 
 
 def node_event(

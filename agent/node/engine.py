@@ -89,8 +89,7 @@ from agent.crash import crash_point
 from agent.dra import cdi
 from agent.dra.partitionable import owned_by_intents
 from agent.hardware.inventory import Inventory
-from agent.kube.claims import ClaimReader
-from agent.kube.events import EventPoster
+from agent.kube.interfaces import ClaimReader, EventPoster
 from agent.node import checkpoint as cp
 from agent.node.batch import PrepareBatch, answer, ensure_spec
 from agent.node.cdi import CdiSpecDirectory

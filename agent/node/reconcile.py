@@ -45,7 +45,7 @@ import anyio
 
 from agent.dra import cdi
 from agent.dra.config import default_config
-from agent.kube.events import EventPoster
+from agent.kube.interfaces import EventPoster
 from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore, LoadResult, LoadStatus
