@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from grpclib.encoding.proto import ProtoCodec
 from grpclib.server import Server
 from h2.connection import H2Connection
 
+from agent.kubelet.codec import DraCodec
 from agent.kubelet.rpc import InFlightCalls
 from agent.kubelet.sockets import SocketIdentity, clear_stale_socket, remove_socket
 
@@ -78,10 +78,10 @@ class UnixGrpcServer:
         """Replace a stale socket and listen; the socket accepts calls when this returns."""
         clear_stale_socket(self.path)
         limit_closed_stream_record()
-        # the codec grpclib would pick, named so that it does not also load googleapis'
-        # status-details codec (protobuf's runtime: 10-20 ms of a start, some MB): the agent
-        # sends no error details
-        server = Server(self._services, codec=ProtoCodec())
+        # the codec grpclib would pick (with the prepare answer encoded by hand, ``codec``),
+        # named so that it does not also load googleapis' status-details codec (protobuf's
+        # runtime: 10-20 ms of a start, some MB): the agent sends no error details
+        server = Server(self._services, codec=DraCodec())
         # connect(2) needs write permission: only the owner (root, as the kubelet) may call,
         # whatever the process umask (which alone would give 0777 & ~umask). The socket is
         # bound under a hidden name (the kubelet's plugin watcher skips dot-names), given its

@@ -51,6 +51,7 @@ from agent.node.offload import FILES
 from agent.node.plan import PrepareRefused
 from agent.node.spec_writes import SpecWrites
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
+from agent.node.workers import run_workers
 from agent.telemetry.tracing import tracer
 
 #: Claims of one request in step 2 at once (as many as the claim reader's GETs in flight).
@@ -153,16 +154,14 @@ class PrepareBatch:
         """Step 2 for ``refs``, at most ``CLAIMS_IN_FLIGHT`` at a time: a task per claim of a
         10 000-claim request held some 3 KB each at once, all waiting on the claim reader's
         own bound. The claims are independent (each holds its own lock), so a claim never
-        waits for one that has not started."""
+        waits for one that has not started. The workers are plain tasks (``workers``)."""
         pending = iter(refs)
 
         async def work() -> None:
             for ref in pending:  # shared: each claim is taken by one worker
                 await self._claim(ref)
 
-        async with anyio.create_task_group() as group:
-            for _ in range(min(len(refs), CLAIMS_IN_FLIGHT)):
-                group.start_soon(work)
+        await run_workers(min(len(refs), CLAIMS_IN_FLIGHT), work)
 
     async def _claim(self, ref: ClaimRef) -> None:
         with trace.use_span(self._spans[ref.uid], end_on_exit=False):

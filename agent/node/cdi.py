@@ -44,6 +44,21 @@ class CdiSpecDirectory:
         self.root = Path(root)
         self.driver = driver
         cdi.kind(driver)  # validates the driver name once, up front
+        self._in_memory: bool | None = None  # unknown until ``probe_memory`` found the root
+
+    @property
+    def known_in_memory(self) -> bool:
+        """Whether ``probe_memory`` found the directory on a tmpfs (False until it ran); an
+        attribute read, so the event loop can ask it without a system call."""
+        return self._in_memory is True
+
+    def probe_memory(self) -> bool:
+        """Find out once whether the directory is on a tmpfs or ramfs (``/var/run/cdi`` on
+        a real node); blocks (``statfs``), so it runs in a thread. Not remembered while the
+        directory is missing."""
+        if self._in_memory is None and self.root.is_dir():
+            self._in_memory = durable.in_memory(self.root)
+        return self._in_memory is True
 
     def common_path(self) -> Path:
         return self.root / cdi.common_spec_file_name(self.driver)

@@ -16,6 +16,7 @@ upgrade puts two on a node) finishes a prepare.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import os
@@ -32,6 +33,8 @@ from agent.crash import crash_point
 from agent.node.errors import LockTimeout, NodeError
 
 _TEMP_MARKER = ".tmp-"
+#: ``statfs`` ``f_type`` of the file systems whose files live in memory only (linux/magic.h).
+_MEMORY_FILE_SYSTEMS = frozenset({0x01021994, 0x858458F6})  # TMPFS_MAGIC, RAMFS_MAGIC
 _TEMPORARY = re.compile(r"\..+\.tmp-[0-9a-f]{16}")
 
 
@@ -42,6 +45,21 @@ def fsync_directory(directory: Path | str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def in_memory(directory: Path | str) -> bool:
+    """Whether ``directory`` is on a tmpfs or ramfs (``statfs``'s ``f_type``); False when
+    that cannot be told (the directory is missing, no ``statfs``), the safe answer for
+    callers that keep blocking I/O off the event loop unless the file system is memory."""
+    try:
+        statfs = ctypes.CDLL(None, use_errno=True).statfs
+    except (OSError, AttributeError):
+        return False
+    result = ctypes.create_string_buffer(256)  # struct statfs: 120 bytes on 64-bit Linux
+    if statfs(os.fsencode(directory), result) != 0:
+        return False
+    # f_type is the first field, a C long (__fsword_t) on the architectures we run on.
+    return ctypes.c_long.from_buffer(result).value in _MEMORY_FILE_SYSTEMS
 
 
 def temporary_path(path: Path) -> Path:
