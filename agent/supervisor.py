@@ -1,15 +1,11 @@
 """The supervisor: wires the agent's parts together under one anyio task group.
 
 Start-up runs in a fixed order, because each step needs the one before and the kubelet must
-never see a socket whose engine cannot answer: discover the GPUs (simulated or real), start the
-prepare engine (it reloads and reconciles the checkpoint), and open the DRA socket and, after
-it, the registration socket. Only then is the API side made (:mod:`agent.api_side`: the HTTP
-stack is loaded, the client made, the Node's uid and the server's version read) while the
-kubelet registers the plugin; until the client exists, a prepare's claim read waits for it
-(within the read's timeout) and an Event waits in a queue (:mod:`agent.kube.deferred`). The
-slice publisher, the health monitor and the second driver follow. They and the kubelet plugin
-then run as children of the task group until SIGTERM or SIGINT, with, in simulate mode, the
-fault-injection control socket.
+never see a socket whose engine cannot answer: discover the GPUs (simulated or real), connect
+to the API server, start the prepare engine (it reloads and reconciles the checkpoint), and
+only then open the DRA socket and, after it, the registration socket. The slice publisher and
+the kubelet plugin then run as children of the task group until SIGTERM or SIGINT, with the
+health monitor (on by default) and, in simulate mode, the fault-injection control socket.
 
 A child that fails is logged and brings the whole process down cleanly (sockets removed,
 engine closed, exit status 1): systemd or the DaemonSet restarts it, and the checkpoint makes
@@ -18,6 +14,7 @@ the restart harmless. Nothing is fire-and-forget.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -29,11 +26,17 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from agent.config import AgentConfig
 from agent.errors import AgentError
+from agent.health.policy import HealthPolicy
 from agent.notify import SystemdNotifier, announce_ready
 from agent.telemetry.meter_provider import configure_metrics, serve_metrics, shutdown_metrics
 from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("agent.supervisor")
+
+#: Bound on the best-effort start-up reads (the Node's uid names the slices' owner and Event
+#: target; the server's version picks a taint effect and the slice layout), even when
+#: ``--api-timeout-seconds`` is longer.
+NODE_LOOKUP_TIMEOUT = 5.0
 
 
 class Supervisor:
@@ -125,13 +128,14 @@ class Supervisor:
         await group.start(supervised, name=name)
 
     async def _start(self, stack: AsyncExitStack, group: TaskGroup) -> None:
-        # Heavy imports live here so that `gpu-dra-agent --help` stays fast; the API side's
-        # (aiohttp, kubernetes-asyncio) are loaded by connect_api, after the sockets are open.
-        from agent.api_side import connect_api
+        # Heavy imports live here so that `gpu-dra-agent --help` stays fast.
         from agent.dra import build_devices
         from agent.hardware.discovery import discover, nvml_session
-        from agent.kube.deferred import DeferredClaimReader, DeferredEventPoster, Pending
-        from agent.kube.interfaces import ClaimReader
+        from agent.kube.claims import ApiClaimReader
+        from agent.kube.client import create_api_client
+        from agent.kube.events import DEFAULT_TIMEOUT_S as EVENT_TIMEOUT_S
+        from agent.kube.events import ApiEventPoster
+        from agent.kube.publisher import SlicePublisher
         from agent.kubelet.plugin import KubeletPlugin
         from agent.node.engine import PrepareEngine
 
@@ -155,11 +159,20 @@ class Supervisor:
             extra={"simulated": config.simulate or "no", "host_root": str(config.host_root)},
         )
 
-        # The API client is made once the kubelet's sockets are open (connect_api, below): a
-        # claim read waits for it within the read's timeout, an Event waits in a queue.
-        pending_reader: Pending[ClaimReader] = Pending("API client")
-        claim_reader = DeferredClaimReader(pending_reader, timeout_s=config.api_timeout_s)
-        events = DeferredEventPoster()
+        api_client = await create_api_client(config.kubeconfig)
+        stack.push_async_callback(api_client.close)
+        timeout = config.api_timeout_s  # --api-timeout-seconds: every API client below
+        node_uid = await _node_uid(api_client, config.node_name, timeout)
+        health_policy = await _health_policy_for_server(api_client, config.health, timeout)
+        events = ApiEventPoster(
+            api_client,
+            config.node_name,
+            node_uid=node_uid,
+            timeout_s=min(timeout, EVENT_TIMEOUT_S),  # best effort: never held longer
+        )
+
+        claim_reader = ApiClaimReader(api_client, timeout_s=timeout)
+        stack.push_async_callback(claim_reader.close)  # before the client it borrows from
         effectors: list[Any] = []  # agent.node.effectors.DeviceEffector, in order
         if config.dynamic_mig:  # MIG instances made on prepare (agent/mig)
             from agent.hardware.mig_ops import MigOps
@@ -223,7 +236,7 @@ class Supervisor:
 
         dynamic_mig: Any = None
         counter_sets: tuple[Any, ...] = ()
-        held_back: list[Any] = []
+        slice_layout: Any = "split"
         if config.dynamic_mig:  # after start: the checkpoint says which instances are ours
             from agent.dra import build_device_set
 
@@ -232,19 +245,40 @@ class Supervisor:
                 inventory = await discover(session.nvml, config.host_root)
             device_set = build_device_set(inventory, dynamic_mig=dynamic_mig)
             devices, counter_sets = list(device_set.devices), device_set.counter_sets
-            held_back = list(device_set.held_back)
+            slice_layout = await _slice_layout_for_server(api_client, config.slice_layout, timeout)
+            log.info(
+                "dynamic MIG: %d partitionable GPU(s), %d device(s), slice layout %s",
+                len(counter_sets),
+                len(devices),
+                slice_layout,
+                extra={"held_back": list(device_set.held_back)},
+            )
+        publisher = SlicePublisher(
+            api_client,
+            node_name=config.node_name,
+            driver_name=config.driver_name,
+            node_uid=node_uid,
+            slice_layout=slice_layout,
+            request_timeout=timeout,
+        )
+        publisher.set_devices(devices, counter_sets)
+        self._child(group, "slice publisher", publisher.run)
 
-        health_service = None
-        if config.health_monitoring:  # the stream now, the monitor once the API client exists
-            from agent.health.wiring import build_health_service
+        health = None
+        if config.health_monitoring:
+            from agent.health.wiring import build_health
 
-            health_service = build_health_service(
+            health = build_health(
+                nvml=session.nvml,
                 inventory=inventory,
-                policy=config.health,
+                policy=health_policy,
                 node_name=config.node_name,
+                publisher=publisher,
+                events=events,
                 driver_name=config.driver_name,
                 dynamic_mig=dynamic_mig,
             )
+            self._child(group, "health monitor", health.monitor.run)
         if session.simulated is not None:
             from agent.sim.control import control_socket_path
             from agent.sim.control.server import SimulationControl
@@ -259,56 +293,19 @@ class Supervisor:
             dra_socket=config.dra_socket,
             registration_socket=config.registration_socket,
             engine=engine,
-            **({} if health_service is None else health_service.plugin_arguments()),
+            **({} if health is None else health.plugin_arguments()),
         )
         # returns once both sockets exist; a failure to open them is a start-up error
         await self._start_child(group, "kubelet plugin", plugin.run)
-
-        # the kubelet registers the plugin meanwhile; a prepare waits for the claim reader
-        api = await connect_api(config, stack, pending_reader)
-        self._child(group, "queued events", lambda: events.attach(api.events))
-        if config.dynamic_mig:
-            log.info(
-                "dynamic MIG: %d partitionable GPU(s), %d device(s), slice layout %s",
-                len(counter_sets),
-                len(devices),
-                api.slice_layout,
-                extra={"held_back": held_back},
-            )
-        from agent.kube.publisher import SlicePublisher
-
-        publisher = SlicePublisher(
-            api.client,
-            node_name=config.node_name,
-            driver_name=config.driver_name,
-            node_uid=api.node_uid,
-            slice_layout=api.slice_layout,
-            request_timeout=config.api_timeout_s,
-        )
-        publisher.set_devices(devices, counter_sets)
-        self._child(group, "slice publisher", publisher.run)
-        if health_service is not None:
-            from agent.health.wiring import build_health_monitor
-
-            monitor = build_health_monitor(
-                health_service,
-                nvml=session.nvml,
-                inventory=inventory,
-                policy=api.health_policy,
-                publisher=publisher,
-                events=events,
-                dynamic_mig=dynamic_mig,
-            )
-            self._child(group, "health monitor", monitor.run)
         # the second driver, compute-domain.nvidia.com (agent/imex; --compute-domains)
         from agent.imex.wiring import serve_compute_domains
 
         await serve_compute_domains(
             config,
             inventory,
-            api.client,
-            api.claim_reader,
-            api.node_uid,
+            api_client,
+            claim_reader,
+            node_uid,
             stack,
             lambda name, run: self._child(group, name, run),
             lambda name, run: self._start_child(group, name, run),
@@ -344,6 +341,31 @@ class _Started:
         self._on_started(value)
 
 
+async def _health_policy_for_server(
+    api_client: Any, policy: HealthPolicy, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> HealthPolicy:
+    """``policy`` with the ``unmonitored`` taint effect the API server accepts (``None`` from
+    1.35 on, else ``NoSchedule``; an unreadable version gets ``NoSchedule``, valid everywhere)."""
+    from agent.health.policy import unmonitored_effect_for
+    from agent.kube.rawapi import RawSliceApi
+
+    version: tuple[int, int] | None = None
+    try:
+        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
+            version = await RawSliceApi(
+                api_client, request_timeout=api_timeout_s
+            ).read_server_version()
+    except Exception as err:  # best effort: the safe effect is valid on every version
+        log.warning("could not read the API server's version: %s", err)
+    effect = unmonitored_effect_for(version)
+    log.info(
+        "API server %s: the unmonitored taint's effect is %s",
+        "version unknown" if version is None else f"v{version[0]}.{version[1]}",
+        effect,
+    )
+    return dataclasses.replace(policy, unmonitored_effect=effect)
+
+
 def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
     """``--dynamic-mig`` publishing settings: the MIG devices whose instance this agent made
     are placements like any other; every other instance found is static (``agent.dra``).
@@ -356,3 +378,40 @@ def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
     return owned_by_intents(
         ((i.effector, i.device) for c in checkpoint.claims.values() for i in c.intents), adopt
     )
+
+
+async def _slice_layout_for_server(
+    api_client: Any, configured: str, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> str:
+    """``--slice-layout``: as configured, or for ``auto`` the layout the API server's version
+    accepts (``combined`` on 1.34, ``split`` from 1.35; ``split`` when unreadable)."""
+    from agent.dra.slices import layout_for_version
+    from agent.kube.rawapi import RawSliceApi
+
+    if configured != "auto":
+        return configured
+    version: tuple[int, int] | None = None
+    try:
+        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
+            version = await RawSliceApi(
+                api_client, request_timeout=api_timeout_s
+            ).read_server_version()
+    except Exception as err:
+        log.warning("could not read the API server's version for the slice layout: %s", err)
+    return layout_for_version(version)
+
+
+async def _node_uid(
+    api_client: Any, node_name: str, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> str | None:
+    """The Node's uid, or None when it cannot be read now (the publisher retries on its own)."""
+    from agent.kube.rawapi import RawSliceApi
+
+    try:
+        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
+            return await RawSliceApi(api_client, request_timeout=api_timeout_s).read_node_uid(
+                node_name
+            )
+    except Exception as err:  # best effort: events then name the node without its uid
+        log.warning("could not read Node %s: %s", node_name, err)
+        return None
