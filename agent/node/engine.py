@@ -17,9 +17,10 @@ one claim GET + two durable writes)):
   crash between any two of these writes is safe: startup removes a spec no checkpoint entry
   owns and rolls back started claims (``batch``, ``reconcile``);
 - host facts (MIG capability minors, the common spec) are read at start; NVML is never
-  called on the hot path (except by an effector, for devices it makes: ``effectors``), and blocking file I/O runs in worker threads (``offload``: the
-  checkpoint has one writer thread, which gets the ``PrepareStarted`` write before the
-  claim GET starts; docs/PERFORMANCE.md says what each measure saved).
+  called on the hot path (except by an effector, for devices it makes: ``effectors``); the
+  checkpoint has one writer thread, which gets the ``PrepareStarted`` write before the claim
+  GET starts (``offload``), and CDI specs go to a file thread unless their directory is a
+  tmpfs (``spec_writes``); docs/PERFORMANCE.md says what each measure saved.
 
 Rolling upgrades (kubelet-dra-protocol.md §1, §6, §8; nvidia-driver-facts.md §13): the
 DaemonSet surges a new instance (its own socket names, ``--instance-id``) that must start,
@@ -80,20 +81,19 @@ import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 from opentelemetry import trace
 
-from agent.crash import crash_point
 from agent.dra import cdi
 from agent.dra.partitionable import owned_by_intents
 from agent.hardware.inventory import Inventory
 from agent.kube.interfaces import ClaimReader, EventPoster
 from agent.node import checkpoint as cp
-from agent.node.batch import PrepareBatch, answer, ensure_spec
+from agent.node.batch import PrepareBatch
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore, LoadStatus
+from agent.node.claim_steps import claim_span, read_and_plan, reensure, reusable, unique_claims
 from agent.node.commit import CheckpointCommitter
 from agent.node.durable import NodeLock
 from agent.node.effectors import ClaimWork, DeviceEffector, Effects, amend_intents
@@ -101,11 +101,9 @@ from agent.node.errors import NodeError
 from agent.node.facts import HostFacts
 from agent.node.holders import DeviceHolders, Prepared
 from agent.node.locks import ClaimLocks, SharedNodeLock
-from agent.node.plan import PrepareRefused, plan_claim
-from agent.node.reconcile import StartupReport, is_adopted, reconcile
+from agent.node.reconcile import StartupReport, reconcile
 from agent.node.types import ClaimPrepareResult, ClaimRef
 from agent.node.unprepare import unprepare_known
-from agent.telemetry.tracing import tracer
 
 LOCK_FILE = "gpu-dra-agent.lock"
 log = logging.getLogger(__name__)
@@ -304,7 +302,7 @@ class PrepareEngine:
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, ClaimPrepareResult]:
         """Prepare ``claims``; every claim gets a result, one bad claim never fails others."""
         with self._request() as state:
-            unique = _unique(claims)
+            unique = unique_claims(claims)
             if not unique:
                 return {}
             try:
@@ -320,10 +318,11 @@ class PrepareEngine:
         self, state: CheckpointCommitter, unique: list[ClaimRef]
     ) -> dict[str, ClaimPrepareResult]:
         results: dict[str, ClaimPrepareResult] = {}
-        spans = {ref.uid: _claim_span("claim.prepare", ref) for ref in unique}
+        spans = {ref.uid: claim_span("claim.prepare", ref) for ref in unique}
         try:
             async with self._claim_locks.hold(ref.uid for ref in unique):
                 fresh: list[ClaimRef] = []
+                reused: list[cp.PreparedClaim] = []  # prepared before: answered as recorded
                 for ref in unique:
                     try:
                         cdi.validate_claim_uid(ref.uid)  # before any path is built from it
@@ -331,25 +330,22 @@ class PrepareEngine:
                         results[ref.uid] = ClaimPrepareResult(error=str(error))
                         continue
                     entry = state.checkpoint.claims.get(ref.uid)
-                    if entry is None or not _reusable(entry):
+                    if entry is not None and reusable(entry):
+                        reused.append(entry)
+                    else:
                         fresh.append(ref)
                 batch = PrepareBatch(
                     state, self._specs, self._holders, self._plan, spans, self._effects
                 )
-                reused = [
-                    entry
-                    for ref in unique
-                    if ref.uid not in results
-                    and (entry := state.checkpoint.claims.get(ref.uid)) is not None
-                    and _reusable(entry)
-                ]
                 if not reused:  # the usual case: no task group, one task spawn less
                     if fresh:
                         await batch.run(fresh, results)
                 else:
                     async with anyio.create_task_group() as group:
                         for entry in reused:
-                            group.start_soon(self._reensure, entry, spans[entry.uid], results)
+                            group.start_soon(
+                                reensure, self._specs, entry, spans[entry.uid], results
+                            )
                         if fresh:
                             group.start_soon(batch.run, fresh, results)
         finally:
@@ -360,50 +356,24 @@ class PrepareEngine:
                 span.end()
         return {ref.uid: results[ref.uid] for ref in unique}
 
-    async def _reensure(
-        self, entry: cp.PreparedClaim, span: trace.Span, results: dict[str, ClaimPrepareResult]
-    ) -> None:
-        """A claim prepared before: make sure its CDI spec is on disk, answer as recorded."""
-        with trace.use_span(span, end_on_exit=False):
-            span.set_attribute("gpu.device.names", [d.device for d in entry.devices])
-            try:
-                await ensure_spec(self._specs, entry.uid, entry.devices)
-            except (NodeError, cdi.CdiSpecError) as error:
-                results[entry.uid] = ClaimPrepareResult(error=str(error))
-                return
-            results[entry.uid] = answer(entry.devices)
-
     async def _plan(self, ref: ClaimRef) -> Prepared:
-        """Read and plan one claim; raises ``PrepareRefused`` naming the claim's problem."""
-        facts = self._facts
-        assert facts is not None
-        span = trace.get_current_span()
-        try:
-            claim = await self._reader.read(ref.namespace, ref.name)
-            crash_point("after-claim-read")
-            plan = plan_claim(
-                ref,
-                claim,
-                driver=self.driver,
-                pool=self.pool,
-                devices=facts.devices,
-                sharing=self._sharing,
-            )
-            span.set_attribute("gpu.device.names", list(plan.device_names))
-            return tuple(facts.prepared_device(ref.uid, p) for p in plan.devices)
-        except PrepareRefused:
-            raise
-        except (cdi.CdiSpecError, NodeError) as error:
-            raise PrepareRefused(str(error)) from error
-        except Exception as error:  # a reader error, or a bug: this claim only
-            raise PrepareRefused(str(error) or repr(error)) from error
+        """Read and plan one claim (``claim_steps.read_and_plan``)."""
+        assert self._facts is not None
+        return await read_and_plan(
+            self._reader,
+            self._facts,
+            ref,
+            driver=self.driver,
+            pool=self.pool,
+            sharing=self._sharing,
+        )
 
     # -- unprepare ------------------------------------------------------------------------
 
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str | None]:
         """Unprepare ``claims`` (idempotent; unknown claims succeed); uid -> error or None."""
         with self._request() as state:
-            unique = _unique(claims)
+            unique = unique_claims(claims)
             if not unique:
                 return {}
             try:
@@ -423,7 +393,7 @@ class PrepareEngine:
             known = [ref for ref in unique if ref.uid in state.checkpoint.claims]
             if not known:
                 return results
-            spans = {ref.uid: _claim_span("claim.unprepare", ref) for ref in known}
+            spans = {ref.uid: claim_span("claim.unprepare", ref) for ref in known}
             try:
                 with anyio.CancelScope(shield=True):
                     await unprepare_known(state, self._specs, known, spans, results, self._effects)
@@ -433,24 +403,3 @@ class PrepareEngine:
                         span.set_status(trace.StatusCode.ERROR, results[uid] or "")
                     span.end()
         return results
-
-
-def _unique(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
-    seen: dict[str, ClaimRef] = {}
-    for ref in claims:
-        seen.setdefault(ref.uid, ref)
-    return list(seen.values())
-
-
-def _reusable(entry: cp.PreparedClaim) -> bool:
-    """A completed claim whose recorded answer is complete (not adopted after corruption)."""
-    return entry.state is cp.ClaimState.PREPARE_COMPLETED and not is_adopted(entry)
-
-
-def _claim_span(name: str, ref: ClaimRef) -> trace.Span:
-    attributes: dict[str, Any] = {
-        "k8s.resourceclaim.uid": ref.uid,
-        "k8s.resourceclaim.name": ref.name,
-        "k8s.namespace.name": ref.namespace,
-    }
-    return tracer().start_span(name, attributes=attributes)
