@@ -6,11 +6,10 @@ with the machine busy), on the critical path of every prepare and more than a te
 the gRPC round trip adds to one. :func:`encode_prepare_response` writes the same bytes
 directly in about 10 us: the message is three levels of length-delimited fields (a map of
 claim uid to NodePrepareResourceResponse, whose devices are Device messages of strings), the
-same in the v1 and v1beta1 APIs. Fields are written in field-number order and default
-values (empty strings, unset ``share_id``) are left out except in a map entry, as betterproto2
-does, so the bytes
-are identical (tests/unit/kubelet/test_codec.py compares them). Every other message goes
-through betterproto2 as before.
+same in the v1 and v1beta1 APIs. Fields are written in field-number order and default values
+(empty strings, unset ``share_id``) are left out except in a map entry, as betterproto2
+does, so the bytes are identical (tests/unit/kubelet/test_codec.py compares them). Every
+other message goes through betterproto2 as before.
 """
 
 from __future__ import annotations

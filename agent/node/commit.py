@@ -125,7 +125,7 @@ class CheckpointCommitter:
             return None
         if self._durable_version >= self._version:
             return None
-        return self._wait(self._version, False, self._begin(False, (write, before)))
+        return self._wait(self._version, False, self._begin(False, before))
 
     def start(self, *, more: bool = False) -> Coroutine[Any, Any, None]:
         """``commit()``, with the write handed to the writer thread before this returns
@@ -163,12 +163,12 @@ class CheckpointCommitter:
         self._store.save(snapshot)
         outcome.ok = True
 
-    def _begin(
-        self, more: bool, after: tuple[asyncio.Future[None], Callable[[], None]] | None = None
-    ) -> asyncio.Future[None]:
+    def _begin(self, more: bool, before: Callable[[], None] | None = None) -> asyncio.Future[None]:
+        """Hand the checkpoint to the writer thread; with ``before``, as a follower of the last
+        write handed over (``follow``)."""
         snapshot, version = self._checkpoint, self._version
         outcome = _Outcome()
-        previous = None if after is None else (self._outcome, after[1])
+        previous = None if before is None else (self._outcome, before)
         running = self._writer.submit(self._save, snapshot, outcome, previous)  # may raise
         self._outcome = outcome
         started = time.perf_counter()
