@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from agent.hardware.events import EventPump, EventSink
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.health.state import DeviceStatus, Health
+from agent.health.conditions import DeviceStatus, Health
 from agent.health.stream import HealthHub
 from agent.telemetry.metrics import HEALTH_EVENTS, add, device_health
 

@@ -1,0 +1,131 @@
+"""The health records: a device's health, the conditions (active faults) and their clearing
+rules, the transitions the state machine reports, and which devices each GPU publishes.
+
+Plain frozen values shared by the state machine (:mod:`agent.health.state`), the monitor, the
+health stream and the metrics.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from agent.dra.model import TaintEffect
+from agent.dra.names import gpu_device_name, mig_device_name
+from agent.dra.partitionable import DynamicMig, instance_name, partition
+from agent.hardware.inventory import Inventory
+
+
+class Health(enum.IntEnum):
+    """Device health, numbered as the DRAResourceHealth wire enum."""
+
+    UNKNOWN = 0
+    HEALTHY = 1
+    UNHEALTHY = 2
+
+
+class Clearing(enum.StrEnum):
+    ANSWER = "answer"
+    RESET = "reset"
+    QUARANTINE = "quarantine"
+    MONITORED = "monitored"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevices:
+    """The published devices of one GPU: all of them, and the MIG ones by (GI id, CI id)."""
+
+    uuid: str
+    index: int
+    names: tuple[str, ...]
+    mig: Mapping[tuple[int, int], str]
+    #: ``--dynamic-mig``: the GPU's MIG devices are placements whose instances come and go, so
+    #: (GI id, CI id) is looked up in the live layout (:meth:`HealthStateMachine.learn_instances`).
+    partitionable: bool = False
+    minor: int = -1
+
+
+def device_map(
+    inventory: Inventory, dynamic_mig: DynamicMig | None = None
+) -> dict[str, GpuDevices]:
+    """GPU UUID -> its devices, named exactly as :func:`agent.dra.build_devices` names them
+    (with the same ``dynamic_mig`` settings)."""
+    gpus: dict[str, GpuDevices] = {}
+    for gpu in inventory.gpus:
+        split = (
+            None
+            if dynamic_mig is None
+            else partition(gpu, owned=dynamic_mig.owned, adopt=dynamic_mig.adopt)
+        )
+        if split is not None:
+            static = {
+                (m.gpu_instance_id, m.compute_instance_id): instance_name(gpu, m)
+                for m in split.static.values()
+            }
+            gpus[gpu.uuid] = GpuDevices(
+                gpu.uuid, gpu.index, split.device_names, static, True, gpu.minor
+            )
+            continue
+        mig = {
+            (m.gpu_instance_id, m.compute_instance_id): mig_device_name(
+                gpu.minor, m.profile.name, m.profile.profile_id, m.placement.start
+            )
+            for m in gpu.mig_devices
+        }
+        names = tuple(mig.values()) if gpu.mig_enabled else (gpu_device_name(gpu.minor),)
+        gpus[gpu.uuid] = GpuDevices(gpu.uuid, gpu.index, names, mig)
+    return gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """One active fault. ``since`` is when it appeared, ``last_seen`` its latest occurrence."""
+
+    gpu_uuid: str
+    device: str | None  # None: every device of the GPU
+    key: str
+    value: str
+    effect: TaintEffect
+    clearing: Clearing
+    reason: str
+    since: float
+    last_seen: float
+    count: int = 1
+
+    @property
+    def ident(self) -> tuple[str, str | None, str, str]:
+        return (self.gpu_uuid, self.device, self.key, self.effect)
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """A condition added, changed (new value) or removed, with the devices it concerns."""
+
+    gpu_uuid: str
+    devices: tuple[str, ...]
+    key: str
+    value: str
+    effect: TaintEffect
+    change: Literal["added", "changed", "removed"]
+    reason: str
+    at: float
+
+    @property
+    def taint(self) -> str:
+        return (
+            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
+        )
+
+    def describe(self) -> str:
+        return f"{', '.join(self.devices)}: taint {self.taint} {self.change} ({self.reason})"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceStatus:
+    """What the health stream says about one device."""
+
+    name: str
+    health: Health
+    message: str
