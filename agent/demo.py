@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agent.switches import add_switch
+
 if TYPE_CHECKING:
     from anyio.abc import Process
 
@@ -39,8 +41,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--simulate", default="dgx-h100", metavar="PROFILE", help="host profile (default dgx-h100)"
     )
     parser.add_argument("--node-name", default="demo-node", help="node name (default demo-node)")
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the temporary directory (files, agent log)"
+    add_switch(
+        parser, "keep", default=False, help="keep the temporary directory (files, agent log)"
     )
 
 

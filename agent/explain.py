@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from agent.switches import add_switch
+
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_CLAIM = 0, 1, 2
 SIM_NODE = "sim-node"
 
@@ -48,9 +50,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--driver-name", default="gpu.nvidia.com", help="driver of a simulated host"
     )
-    parser.add_argument(
-        "--dynamic-mig",
-        action="store_true",
+    add_switch(
+        parser,
+        "dynamic-mig",
+        default=False,
         help="with --simulate: the host publishes partitionable devices (every MIG placement "
         "with shared counters), as the agent does with --dynamic-mig",
     )
