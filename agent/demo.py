@@ -324,7 +324,7 @@ async def _explain_does_not_fit(access: Any, node: str) -> None:
     """``gpu-dra-agent explain`` on a third claim for 4 GPUs on one NUMA node: one GPU of
     socket 0 and all of socket 1 are taken, so no NUMA node has 4 free."""
     from agent.dra.allocator import build_node_state, explain, parse_claim
-    from agent.explain import render_table
+    from agent.explain_render import render_table
     from agent.sim.allocation import claim_from_request, decide, read_cluster
 
     request, constraints = CLAIM_SPECS["four-gpus"]
