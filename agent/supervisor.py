@@ -32,6 +32,7 @@ from agent.config import AgentConfig
 from agent.errors import AgentError
 from agent.notify import SystemdNotifier, announce_ready
 from agent.telemetry.meter_provider import configure_metrics, serve_metrics, shutdown_metrics
+from agent.telemetry.metrics import slice_writes_at_zero
 from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("agent.supervisor")
@@ -169,7 +170,9 @@ class Supervisor:
         effectors: list[Any] = []  # agent.node.effectors.DeviceEffector, in order
         if config.dynamic_mig:  # MIG instances made on prepare (agent/mig)
             from agent.hardware.mig_ops import MigOps
-            from agent.mig import MigEffector
+            from agent.mig import MigEffector, metrics_at_zero
+
+            metrics_at_zero()
 
             effectors.append(
                 MigEffector(
@@ -245,6 +248,7 @@ class Supervisor:
         # to the publisher once the API client exists, its Events wait in the queue, and the
         # unmonitored taint's effect follows the server's version when it is known.
         slices = DeferredPublisher()
+        slice_writes_at_zero(config.driver_name)  # the publisher comes after the API client
         health = None
         if config.health_monitoring:
             from agent.health.wiring import build_health

@@ -80,6 +80,7 @@ async def serve_compute_domains(
     else:
         log.info("serving %s: fabric clique %s, IMEX address %s", DRIVER, clique.clique, node_ip)
     daemon_cmd, ctl_cmd = _imex_commands(config, plugin_dir)
+    metrics.export_at_zero()
     daemon = ImexDaemon(
         plugin_dir / "domains", [daemon_cmd], [ctl_cmd], on_change=metrics.daemon_changed
     )
