@@ -123,6 +123,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "instance is gone [GPU_DRA_MIG_MODE_OFF_WHEN_IDLE] (default: true)",
     )
     add(
+        "--device-metadata",
+        metavar="true|false",
+        help="KEP-5304: per prepared request, a metadata file of its devices mounted into the "
+        "containers at /var/run/kubernetes.io/dra-device-attributes/... by CDI "
+        "[GPU_DRA_DEVICE_METADATA] (default: false)",
+    )
+    add(
         "--compute-domains",
         metavar="auto|on|off",
         help="serve the compute-domain.nvidia.com driver (ComputeDomains over IMEX): auto where "

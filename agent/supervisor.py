@@ -204,6 +204,20 @@ class Supervisor:
                 simulated=session.simulated is not None,
             )
         )
+        from agent.metadata import build_metadata
+
+        # last effector: KEP-5304 files per request (agent/metadata; --device-metadata); the
+        # engine's reader notes what they need of each claim
+        engine_reader, metadata = build_metadata(
+            claim_reader,
+            enabled=config.device_metadata,
+            driver=config.driver_name,
+            pool=config.node_name,
+            plugin_dir=config.plugin_dir,
+            cdi_root=config.cdi_root,
+            devices=devices,
+        )
+        effectors.append(metadata)
         engine = PrepareEngine(
             driver=config.driver_name,
             node_name=config.node_name,
@@ -213,7 +227,7 @@ class Supervisor:
             host_root=config.host_root,
             driver_root=config.driver_root,
             driver_root_mount=config.driver_files,
-            claim_reader=claim_reader,
+            claim_reader=engine_reader,
             boot_id=session.files.boot_id() or "unknown",
             events=events,
             dynamic_mig=config.dynamic_mig,
@@ -262,6 +276,7 @@ class Supervisor:
             request_timeout=timeout,
         )
         publisher.set_devices(devices, counter_sets)
+        metadata.set_devices(devices)
         self._child(group, "slice publisher", publisher.run)
 
         health = None
