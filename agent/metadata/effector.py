@@ -26,10 +26,8 @@ the ResourceClaim (``notes``); the attributes are those of the published devices
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from agent.dra import cdi
@@ -39,6 +37,7 @@ from agent.metadata.document import MetadataDevice, MetadataError, RequestMetada
 from agent.metadata.files import MetadataFiles
 from agent.metadata.notes import NotingClaimReader
 from agent.node import checkpoint as cp
+from agent.node.cdi import CdiSpecDirectory
 from agent.node.effectors import (
     Describe,
     EffectFailed,
@@ -202,20 +201,22 @@ class MetadataEffector:
         kept = {
             c.uid for c in checkpoint.claims.values() if any(i.effector == NAME for i in c.intents)
         }
-        kept |= _uids_with_claim_specs(self._files.cdi_root, self.driver)
+        kept |= CdiSpecDirectory(self._files.cdi_root, self.driver).claim_uids()
+        doomed = [
+            (path, self._files.remove_spec_file, "metadata spec")
+            for path, uid in self._files.spec_files().items()
+            if uid not in kept
+        ] + [
+            (path, self._files.remove_claim_dir, "metadata")
+            for path, owner in self._files.claim_dirs().items()
+            if owner not in kept
+        ]
         problems = []
-        for path, uid in self._files.spec_files().items():
-            if uid not in kept:
-                try:
-                    self._files.remove_spec_file(path)
-                except OSError as error:
-                    problems.append(f"cannot remove the orphaned metadata spec {path}: {error}")
-        for path, owner in self._files.claim_dirs().items():
-            if owner not in kept:
-                try:
-                    self._files.remove_claim_dir(path)
-                except OSError as error:
-                    problems.append(f"cannot remove the orphaned metadata {path}: {error}")
+        for path, remove, what in doomed:
+            try:
+                remove(path)
+            except OSError as error:
+                problems.append(f"cannot remove the orphaned {what} {path}: {error}")
         return problems
 
 
@@ -235,12 +236,3 @@ def _intent(metadata: RequestMetadata) -> cp.Intent:
 def _with_ids(device: cp.PreparedDevice, ids: list[str]) -> cp.PreparedDevice:
     added = tuple(i for i in dict.fromkeys(ids) if i not in device.cdi_device_ids)
     return replace(device, cdi_device_ids=(*device.cdi_device_ids, *added)) if added else device
-
-
-def _uids_with_claim_specs(cdi_root: Path, driver: str) -> set[str]:
-    try:
-        names = os.listdir(cdi_root)
-    except FileNotFoundError:
-        return set()
-    uids = (cdi.claim_uid_of_spec_file(driver, name) for name in names)
-    return {uid for uid in uids if uid is not None}

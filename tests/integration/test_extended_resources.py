@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from agent.config import SIMULATED_HOST_DIR
+from agent.demo.extended import TIME_SLICING as TIME_SLICING_LONG
 from agent.hardware.simulated.tools import read_timeslices
 from agent.sim.allocation import RESOURCE, api_request
 from agent.sim.deviceclasses import default_device_classes
@@ -27,16 +28,6 @@ from agent.sim.extended import (
 from tests.integration.conftest import DRIVER, NAMESPACE, NODE, AgentHarness, cluster
 
 pytestmark = pytest.mark.anyio
-TIME_SLICING_LONG = {
-    "opaque": {
-        "driver": DRIVER,
-        "parameters": {
-            "apiVersion": "resource.nvidia.com/v1beta1",
-            "kind": "GpuConfig",
-            "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}},
-        },
-    }
-}
 
 
 @pytest.fixture(scope="module")
