@@ -97,6 +97,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("slice-layout", "GPU_DRA_SLICE_LAYOUT", "auto"),
     Setting("adopt-mig-instances", "GPU_DRA_ADOPT_MIG_INSTANCES", "false"),
     Setting("mig-mode-off-when-idle", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE", "true"),
+    # KEP-5304 device metadata files (docs/OPERATIONS.md, "Device metadata")
+    Setting("device-metadata", "GPU_DRA_DEVICE_METADATA", "false"),
     # ComputeDomains: the compute-domain.nvidia.com driver (docs/OPERATIONS.md, "ComputeDomains")
     Setting("compute-domains", "GPU_DRA_COMPUTE_DOMAINS", "auto"),
     Setting("imex-daemon-cmd", "GPU_DRA_IMEX_DAEMON_CMD", "nvidia-imex"),
@@ -132,6 +134,7 @@ class AgentConfig:
     slice_layout: str = "auto"  # one of SLICE_LAYOUTS
     adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
     mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
+    device_metadata: bool = False  # KEP-5304 metadata file and CDI mount per prepared request
     # ComputeDomains (agent/imex): the second driver, compute-domain.nvidia.com
     compute_domains: str = "auto"  # one of COMPUTE_DOMAIN_MODES
     imex_daemon_cmd: str = "nvidia-imex"
@@ -328,6 +331,7 @@ def load_config(
         slice_layout=_choice(values["slice-layout"], SLICE_LAYOUTS),
         adopt_mig_instances=_boolean(values["adopt-mig-instances"]),
         mig_mode_off_when_idle=_boolean(values["mig-mode-off-when-idle"]),
+        device_metadata=_boolean(values["device-metadata"]),
         compute_domains=_choice(values["compute-domains"], COMPUTE_DOMAIN_MODES),
         imex_daemon_cmd=_command(values["imex-daemon-cmd"]),
         imex_ready_timeout_s=_seconds(

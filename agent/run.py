@@ -128,6 +128,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="with --dynamic-mig: turn MIG mode off on a Hopper or newer GPU when its last "
         "instance is gone [GPU_DRA_MIG_MODE_OFF_WHEN_IDLE] (default: true)",
     )
+    add_switch(
+        parser,
+        "device-metadata",
+        default=None,
+        help="KEP-5304: per prepared request, a metadata file of its devices mounted into the "
+        "containers at /var/run/kubernetes.io/dra-device-attributes/... by CDI "
+        "[GPU_DRA_DEVICE_METADATA] (default: false)",
+    )
     add(
         "--compute-domains",
         metavar="auto|on|off",

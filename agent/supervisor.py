@@ -200,6 +200,20 @@ class Supervisor:
                 simulated=session.simulated is not None,
             )
         )
+        from agent.metadata import build_metadata
+
+        # last effector: KEP-5304 files per request (agent/metadata; --device-metadata); the
+        # engine's reader notes what they need of each claim
+        engine_reader, metadata = build_metadata(
+            claim_reader,
+            enabled=config.device_metadata,
+            driver=config.driver_name,
+            pool=config.node_name,
+            plugin_dir=config.plugin_dir,
+            cdi_root=config.cdi_root,
+            devices=devices,
+        )
+        effectors.append(metadata)
         engine = PrepareEngine(
             driver=config.driver_name,
             node_name=config.node_name,
@@ -209,7 +223,7 @@ class Supervisor:
             host_root=config.host_root,
             driver_root=config.driver_root,
             driver_root_mount=config.driver_files,
-            claim_reader=claim_reader,
+            claim_reader=engine_reader,
             boot_id=session.files.boot_id() or "unknown",
             events=events,
             dynamic_mig=config.dynamic_mig,
@@ -242,6 +256,7 @@ class Supervisor:
             device_set = build_device_set(inventory, dynamic_mig=dynamic_mig)
             devices, counter_sets = list(device_set.devices), device_set.counter_sets
             held_back = list(device_set.held_back)
+        metadata.set_devices(devices)  # the devices as published (dynamic MIG: placements)
 
         # The NVML event monitor runs from here on, before the kubelet sees a socket: an XID
         # in the first second is not lost, whatever the API server does. Its slice writes go

@@ -13,7 +13,7 @@ from typing import Any
 
 from agent.hardware.events import EventPump, EventSink
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.health.conditions import DeviceStatus, Health
+from agent.health.records import DeviceStatus, Health
 from agent.health.stream import HealthHub
 from agent.telemetry.metrics import HEALTH_EVENTS, add, at_zero, device_health
 

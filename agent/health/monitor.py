@@ -38,8 +38,8 @@ from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory
 from agent.hardware.mig_ops import MigLayout, read_layout
 from agent.hardware.nvml import Nvml
-from agent.health.conditions import Transition, device_map
 from agent.health.policy import HealthPolicy
+from agent.health.records import Transition, device_map
 from agent.health.state import HealthStateMachine
 from agent.health.stream import HealthHub
 from agent.kube.interfaces import DevicePublisher, EventPoster

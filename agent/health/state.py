@@ -31,16 +31,7 @@ from typing import Literal, cast, get_args
 from agent.dra.model import DeviceTaint, TaintEffect
 from agent.dra.names import device_sort_key
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.health.conditions import (
-    Clearing,
-    Condition,
-    DeviceStatus,
-    GpuDevices,
-    Health,
-    Transition,
-)
 from agent.health.policy import (
-    RESET_XIDS,
     TAINT_ECC,
     TAINT_GPU_LOST,
     TAINT_UNMONITORED,
@@ -48,13 +39,31 @@ from agent.health.policy import (
     HealthPolicy,
     XidAction,
 )
+from agent.health.records import (
+    CLEARING_STRENGTH,
+    MAX_MESSAGE_LENGTH,
+    RECOVERY_ACTION_NONE,
+    Clearing,
+    Condition,
+    DeviceStatus,
+    GpuDevices,
+    Health,
+    Transition,
+    device_map,
+)
+from agent.health.xids import describe_xid
 
-#: Longest message the kubelet keeps.
-MAX_MESSAGE_LENGTH = 1024
-RECOVERY_ACTION_NONE = 0
-
-#: How hard a condition is to clear; a held condition never moves to a weaker rule.
-_STRENGTH = {Clearing.MONITORED: 0, Clearing.QUARANTINE: 0, Clearing.RESET: 1, Clearing.ANSWER: 2}
+__all__ = [
+    "MAX_MESSAGE_LENGTH",
+    "Clearing",
+    "Condition",
+    "DeviceStatus",
+    "GpuDevices",
+    "Health",
+    "HealthStateMachine",
+    "Transition",
+    "device_map",
+]
 
 
 class HealthStateMachine:
@@ -207,8 +216,7 @@ class HealthStateMachine:
         if not needs_reset and event.gpu_instance_id is not None:
             mig_key = (event.gpu_instance_id, event.compute_instance_id or 0)
             device = self.gpus[event.gpu_uuid].mig.get(mig_key)
-        why = RESET_XIDS.get(event.xid)
-        reason = f"XID {event.xid}" + (f": {why}" if why else "") + _detail(event)
+        reason = describe_xid(event.xid) + _detail(event)
         clearing = Clearing.RESET if needs_reset else Clearing.QUARANTINE
         effect: TaintEffect = action.value  # type: ignore[assignment]
         return self._set(
@@ -251,7 +259,7 @@ class HealthStateMachine:
             return []
         if held is not None:
             new = replace(new, since=held.since, count=held.count + 1)
-            if _STRENGTH[held.clearing] > _STRENGTH[clearing]:
+            if CLEARING_STRENGTH[held.clearing] > CLEARING_STRENGTH[clearing]:
                 # A later, milder event with the same taint (an override can give a reset XID
                 # and a plain one the same effect) must not let a pending reset quarantine out.
                 new = replace(new, clearing=held.clearing)

@@ -42,6 +42,7 @@ def test_every_kustomization_is_found_and_builds() -> None:
         "base",
         "crds",
         "overlays/bare-metal",
+        "overlays/extended-resources",
         "overlays/host-driver",
         "overlays/observability",
         "overlays/production",

@@ -20,7 +20,7 @@ from tests.integration.test_health import inject, wait_taints
 
 pytestmark = pytest.mark.anyio
 
-SLOW = 3.0  # seconds of latency on each start-up read
+SLOW = 4.0  # seconds of latency on each start-up read (agent.api_side waits at most 5 s)
 
 
 async def test_an_xid_before_the_api_client_exists_reaches_kubelet_slices_and_events(
@@ -30,17 +30,15 @@ async def test_an_xid_before_the_api_client_exists_reaches_kubelet_slices_and_ev
     faults = harness.server.faults
     faults.add_latency("GET", "/version", SLOW, count=1)
     faults.add_latency("GET", f"/api/v1/nodes/{NODE}", SLOW, count=1)
-    began = anyio.current_time()
     await harness.start_agent()  # returns at the registration
 
     await inject(harness, "xid", 5, xid=79)
-    await harness.kubelet.wait_health(DRIVER, NODE, "gpu-5", DeviceHealthState.UNHEALTHY, timeout=2)
-    no_client_yet = anyio.current_time() - began < SLOW
-    assert not harness.server.list_objects("resourceslices"), "published before the API side"
+    await harness.kubelet.wait_health(DRIVER, NODE, "gpu-5", DeviceHealthState.UNHEALTHY, timeout=3)
+    # nothing is published yet: the API side still waits for its start-up reads
+    assert not harness.server.list_objects("resourceslices"), "the XID came too late to test"
 
     # the taint reaches the slice once the API client exists, and the Event is posted once
     await wait_taints(harness, "gpu-5", [("gpu.nvidia.com/xid", "79", "NoExecute")], timeout=15)
-    assert no_client_yet, "the XID was injected too late to test the window"
 
     def xid_events() -> list[str]:
         return [

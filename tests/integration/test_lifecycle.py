@@ -71,6 +71,7 @@ async def test_demo_exits_0() -> None:
     assert "CDI device k8s.gpu.nvidia.com/" in output
     assert "ResourceSlice taint on gpu-3: gpu.nvidia.com/xid=79:NoExecute" in output
     assert "gpu-3 Healthy again" in output
+    assert "time-sliced (Long) by the" in output  # nvidia.com/gpu: 2 served by DRA (KEP-5004)
     assert "the first prepare as one trace" in output
     tree = output.split("the first prepare as one trace")[1].splitlines()[1:]
     assert (

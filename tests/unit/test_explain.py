@@ -248,7 +248,7 @@ async def test_the_demos_third_4_gpu_claim_on_a_dynamic_mig_host_reads_in_40_lin
     dgx-h100 in an API server, then a third 4-GPU claim explained against it: the table fits a
     screen (40 lines of at most 160 characters) and still says why each GPU is out; ``--all``
     lists all 208 devices."""
-    from agent.demo import CLAIM_SPECS
+    from agent.demo.claims import CLAIM_SPECS
     from agent.discover import name_for_preview
     from agent.dra import build_device_set, build_slices
     from agent.dra.partitionable import DynamicMig

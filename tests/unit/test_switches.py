@@ -108,6 +108,7 @@ def test_the_commands_with_switches_are_the_expected_ones() -> None:
     found = {c: sorted(s.option_strings[0] for s in _switches(c)) for c in COMMANDS}
     assert found["run"] == [
         "--adopt-mig-instances",
+        "--device-metadata",
         "--dynamic-mig",
         "--health-monitoring",
         "--mig-mode-off-when-idle",

@@ -20,9 +20,9 @@ from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.nvml import Nvml
 from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
-from agent.health.conditions import Health, device_map
 from agent.health.monitor import HealthMonitor
 from agent.health.policy import HealthPolicy
+from agent.health.records import Health, device_map
 from agent.health.state import HealthStateMachine
 from agent.health.stream import HealthHub
 from agent.kube.events import LoggingEventPoster

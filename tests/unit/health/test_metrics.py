@@ -4,8 +4,8 @@ pump's event batches are counted by kind and XID."""
 from __future__ import annotations
 
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.health.conditions import DeviceStatus, Health
 from agent.health.metrics import MeasuredHub, count_events
+from agent.health.records import DeviceStatus, Health
 from tests.support.metrics import reading
 
 DRIVER = "test-health.example.com"

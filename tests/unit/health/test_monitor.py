@@ -19,9 +19,9 @@ from agent.hardware.events import EventPump, WatchedGpu
 from agent.hardware.nvml import Nvml
 from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
-from agent.health.conditions import Health
 from agent.health.monitor import HealthMonitor
 from agent.health.policy import HealthPolicy
+from agent.health.records import Health
 from agent.health.stream import HealthHub
 from agent.kube.events import LoggingEventPoster
 from agent.telemetry.tracing import configure_tracing

@@ -10,7 +10,6 @@ import pytest
 from agent.config import ConfigError, load_config
 from agent.dra import build_devices, build_slices
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.health.conditions import device_map
 from agent.health.policy import (
     DEFAULT_IGNORED_XIDS,
     RESET_XIDS,
@@ -19,6 +18,7 @@ from agent.health.policy import (
     parse_xid_actions,
     unmonitored_effect_for,
 )
+from agent.health.records import device_map
 from agent.health.state import HealthStateMachine
 from tests.support.inventories import gpu_uuid, h100_node
 from tests.support.k8s_schema import SUPPORTED_VERSIONS, taint_effects, validate

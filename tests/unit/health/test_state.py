@@ -6,8 +6,8 @@ import pytest
 
 from agent.dra.model import DeviceTaint
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.health.conditions import GpuDevices, Health, device_map
 from agent.health.policy import HealthPolicy, XidAction, policy_with
+from agent.health.records import GpuDevices, Health, device_map
 from agent.health.state import MAX_MESSAGE_LENGTH, HealthStateMachine
 from tests.support.inventories import h100_mixed_mig_node
 

@@ -1,9 +1,6 @@
-"""The health records: a device's health, the conditions (active faults) and their clearing
-rules, the transitions the state machine reports, and which devices each GPU publishes.
-
-Plain frozen values shared by the state machine (:mod:`agent.health.state`), the monitor, the
-health stream and the metrics.
-"""
+"""The health state machine's records: device health, the conditions it holds, the
+transitions it reports, the statuses the health stream sends, and the GPUs' published devices
+(:func:`device_map`). Pure values, no rules (those are :mod:`agent.health.state`)."""
 
 from __future__ import annotations
 
@@ -16,6 +13,10 @@ from agent.dra.model import TaintEffect
 from agent.dra.names import gpu_device_name, mig_device_name
 from agent.dra.partitionable import DynamicMig, instance_name, partition
 from agent.hardware.inventory import Inventory
+
+#: Longest message the kubelet keeps.
+MAX_MESSAGE_LENGTH = 1024
+RECOVERY_ACTION_NONE = 0
 
 
 class Health(enum.IntEnum):
@@ -31,6 +32,15 @@ class Clearing(enum.StrEnum):
     RESET = "reset"
     QUARANTINE = "quarantine"
     MONITORED = "monitored"
+
+
+#: How hard a condition is to clear; a held condition never moves to a weaker rule.
+CLEARING_STRENGTH = {
+    Clearing.MONITORED: 0,
+    Clearing.QUARANTINE: 0,
+    Clearing.RESET: 1,
+    Clearing.ANSWER: 2,
+}
 
 
 @dataclass(frozen=True, slots=True)
