@@ -221,13 +221,33 @@ async def _show_slices(server: Any, node: str) -> None:
         while not (slices := published()):  # noqa: ASYNC110
             await anyio.sleep(0.1)
     say(f"4. ResourceSlices published for node {node}:")
-    for item in slices:
+    for item in sorted(slices, key=_slice_order):
         spec = item["spec"]
-        names = [d["name"] for d in spec.get("devices", [])]
         say(
-            f"   {item['metadata']['name']}: driver {spec['driver']}, pool {spec['pool']['name']} "
-            f"(generation {spec['pool']['generation']}), {len(names)} devices: {', '.join(names)}"
+            f"   {item['metadata']['name']}: pool {spec['pool']['name']} (generation "
+            f"{spec['pool']['generation']}), {_slice_contents(spec)}"
         )
+
+
+def _slice_order(item: dict[str, Any]) -> tuple[int, str]:
+    devices = item["spec"].get("devices") or []
+    return (0 if not devices else 1, devices[0]["name"] if devices else "")
+
+
+def _slice_contents(spec: dict[str, Any]) -> str:
+    """What a slice holds, summarised: counter sets, then its devices by kind (the GPU
+    devices named, the MIG ones counted); `kubectl get resourceslices -o yaml` has them all."""
+    parts = []
+    if spec.get("sharedCounters"):
+        parts.append(f"{len(spec['sharedCounters'])} counter set(s)")
+    by_kind: dict[str, list[str]] = {}
+    for device in spec.get("devices") or []:
+        kind = (device.get("attributes") or {}).get("type", {}).get("string", "other")
+        by_kind.setdefault(kind, []).append(device["name"])
+    for kind, names in by_kind.items():
+        listed = f" ({', '.join(names)})" if len(names) <= 2 else ""
+        parts.append(f"{len(names)} {kind} device(s){listed}")
+    return ", ".join(parts) or "empty"
 
 
 async def _stop(process: Process) -> None:
