@@ -53,6 +53,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agent.explain",
         "why a claim does (not) fit a node: every device, selector, taint, counter, constraint",
     ),
+    "status": (
+        "agent.status.cli",
+        "what the agent believes about this node, and every drift from the hardware (read-only)",
+    ),
     "probe": (
         "agent.probe",
         "check that a running agent answers the kubelet (for liveness and startup probes)",

@@ -59,7 +59,7 @@ def _flags(argv: list[str]) -> set[str]:
 
 def test_every_flag_variable_and_subcommand_is_documented() -> None:
     doc = text()
-    for flag in _flags(["run"]) | _flags(["probe"]):
+    for flag in _flags(["run"]) | _flags(["probe"]) | _flags(["status"]):
         assert f"`{flag}`" in doc, flag
     assert "`--no-dynamic-mig`" in doc and "`--dynamic-mig=false`" in doc  # the switch grammar
     for setting in SETTINGS:

@@ -190,6 +190,17 @@ class SimulatedNvmlLibrary:
             gpu.gpu_instances[gpu_instance_id].busy = busy
             self.mig_changed()
 
+    def destroy_gpu_instance(self, gpu_index: int, gpu_instance_id: int) -> None:
+        """Destroy a GPU instance and its compute instances outside of NVML's calls, as an
+        operator's ``nvidia-smi mig -dci``/``-dgi`` does behind the agent's back."""
+        with self.lock:
+            gi = self.state.gpus[gpu_index].gpu_instances[gpu_instance_id]
+            for ci in list(gi.compute_instances.values()):
+                self.state.destroy_compute_instance(ci)
+            gi.busy = False
+            self.state.destroy_gpu_instance(gi)
+            self.mig_changed()
+
     def remove_function(self, function: str) -> None:
         """Drop a C function, as an older driver lacks it: pynvml then raises FUNCTION_NOT_FOUND."""
         with self.lock:

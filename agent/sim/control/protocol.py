@@ -11,7 +11,7 @@ from typing import Any
 
 CONTROL_SOCKET_NAME = "sim-control.sock"
 MAX_LINE = 64 * 1024
-OPERATIONS = ("xid", "ecc", "gpu-lost", "recover")
+OPERATIONS = ("xid", "ecc", "gpu-lost", "recover", "destroy-gpu-instance")
 
 
 def control_socket_path(plugin_dir: Path) -> Path:

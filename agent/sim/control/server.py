@@ -102,6 +102,11 @@ class SimulationControl:
             delivered = library.inject_ecc(index, double_bit=not request.get("single_bit", False))
         elif op == "gpu-lost":
             library.lose_gpu(index)
+        elif op == "destroy-gpu-instance":  # behind the agent's back, as nvidia-smi mig -dgi
+            gi = int(request["gpu_instance_id"])
+            if gi not in library.state.gpus[index].gpu_instances:
+                raise ControlRequestError(f"GPU {index} has no GPU instance {gi}")
+            library.destroy_gpu_instance(index, gi)
         else:
             library.recover_gpu(index)
         return {"delivered": delivered, "injected_at": injected_at}

@@ -1,0 +1,109 @@
+"""The sources status asks rather than reads: the GPUs (NVML, or the simulated host's
+saved state) and the API server (slices, claims, ComputeDomains).
+
+A simulated host is observed, not started: its MIG and compute-mode state file (the one
+``gpu-dra-agent sim state`` prints) is loaded into a private simulated library, which is
+installed beneath pynvml in this process only, and the agent's own discovery runs on it.
+Nothing under the host root is written, so a running agent's simulated host is untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from agent.hardware.compute_mode import ComputeModes
+from agent.hardware.discovery import discover
+from agent.hardware.errors import HardwareError
+from agent.hardware.nvml import Nvml
+from agent.status.model import ApiView, CannotRead, HardwareView
+
+
+async def read_hardware(simulate: str | None, host_root: Path) -> HardwareView:
+    """Every GPU and its compute mode; ``CannotRead`` when NVML (or the simulated host)
+    cannot be read."""
+    library = _observe_simulated(simulate, host_root) if simulate is not None else None
+    nvml = Nvml()
+    try:
+        await nvml.init()
+        try:
+            inventory = await discover(nvml, host_root)
+            modes = ComputeModes(nvml)
+            compute = {gpu.uuid: await modes.get(gpu.uuid) for gpu in inventory.gpus}
+        finally:
+            await nvml.shutdown()
+    except HardwareError as error:
+        raise CannotRead(f"cannot read the GPUs: {error}") from None
+    finally:
+        if library is not None:
+            from agent.hardware.simulated.install import uninstall
+
+            uninstall(library)
+    source = f"simulated {simulate}" if simulate is not None else "nvml"
+    return HardwareView(inventory, compute, source)
+
+
+def _observe_simulated(profile: str, host_root: Path) -> Any:
+    from agent.hardware.errors import ProfileError
+    from agent.hardware.simulated import persist
+    from agent.hardware.simulated.install import install
+    from agent.hardware.simulated.library import SimulatedNvmlLibrary
+    from agent.hardware.simulated.profile import load_profile
+
+    try:
+        library = SimulatedNvmlLibrary(load_profile(profile))
+        found = persist.load(library.state, host_root)
+    except ProfileError as error:
+        raise CannotRead(f"cannot read the simulated host: {error}") from None
+    if not found:
+        raise CannotRead(
+            f"no simulated host under {host_root} (no {persist.STATE_FILE}): start the agent "
+            f"with --simulate {profile} and this --plugins-dir first"
+        )
+    install(library)
+    return library
+
+
+async def read_api(
+    kubeconfig: Path | None,
+    node: str,
+    driver: str,
+    channel_driver: str,
+    claims: Iterable[tuple[str, str, str]],
+    timeout_s: float,
+) -> ApiView:
+    """This node's slices of both drivers, the prepared claims (for their pods) and the
+    ComputeDomains; ``CannotRead`` on a configuration or API error."""
+    import aiohttp
+
+    from agent.imex.domains import DomainApi
+    from agent.kube.claims import ApiClaimReader, ClaimNotFound, ClaimReadError
+    from agent.kube.client import create_api_client
+    from agent.kube.rawapi import ApiStatusError, RawSliceApi
+
+    client = await create_api_client(kubeconfig)
+    reader = ApiClaimReader(client, timeout_s=timeout_s)
+    try:
+        api = RawSliceApi(client, request_timeout=timeout_s)
+        found = await api.list(f"spec.nodeName={node}")
+        slices = [s for s in found.get("items") or [] if isinstance(s, dict)]
+        mine = tuple(s for s in slices if (s.get("spec") or {}).get("driver") == driver)
+        channel = tuple(s for s in slices if (s.get("spec") or {}).get("driver") == channel_driver)
+        read: dict[str, dict[str, Any]] = {}
+        for uid, namespace, name in claims:
+            try:
+                claim = await reader.read(namespace, name)
+            except ClaimNotFound:
+                continue  # gone: the checkpoint still names it until the kubelet unprepares
+            if (claim.get("metadata") or {}).get("uid") == uid:
+                read[uid] = claim
+        domains: tuple[dict[str, Any], ...] = ()
+        if channel:
+            domains = tuple(await DomainApi(client, request_timeout=timeout_s).list_all())
+    except (ApiStatusError, ClaimReadError, aiohttp.ClientError, OSError, TimeoutError) as error:
+        raise CannotRead(f"the API server could not be read: {error}") from None
+    finally:
+        await reader.close()
+        await client.close()
+    return ApiView(mine, channel, read, domains)

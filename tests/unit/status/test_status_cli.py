@@ -1,0 +1,130 @@
+"""``gpu-dra-agent status`` on a simulated host laid out in a temporary directory, without
+an agent: what it reads, its exit status for each kind of bad input (a precise line, never
+a traceback), and that it writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.cli import main
+from agent.config import SIMULATED_HOST_DIR
+from agent.hardware.simulated.host import SimulatedHost
+from agent.node.checkpoint_store import FILE_NAME
+from agent.status.cli import CANNOT_READ, CONSISTENT, DRIFT
+
+DRIVER = "gpu.nvidia.com"
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    """A plugins directory with a simulated dgx-h100 laid out as the agent would."""
+    plugins = tmp_path / "plugins"
+    with SimulatedHost.start("dgx-h100", plugins / DRIVER / SIMULATED_HOST_DIR):
+        pass
+    return plugins
+
+
+def status(capsys: pytest.CaptureFixture[str], plugins: Path, *extra: str) -> tuple[int, str, str]:
+    cdi = plugins.parent / "cdi"
+    argv = ["status", "--simulate", "dgx-h100", "--plugins-dir", str(plugins)]
+    code = main([*argv, "--cdi-root", str(cdi), "--node-name", "node-a", *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def snapshot(root: Path) -> dict[str, Any]:
+    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+def test_no_simulated_host_cannot_be_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, out, err = status(capsys, tmp_path / "plugins")
+    assert code == CANNOT_READ and out == ""
+    assert err.startswith("status: cannot read: no simulated host under") and "Traceback" not in err
+
+
+def test_an_idle_node_without_an_agent(
+    host: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (host.parent / "cdi").mkdir()
+    (host.parent / "cdi" / "k8s.gpu.nvidia.com-common.json").write_text("{}")
+    before = snapshot(host.parent)
+    code, out, _ = status(capsys, host, "-o", "json")
+    document = json.loads(out)
+    assert code == CONSISTENT and document["drift"] == []
+    assert document["agent"]["running"] is False and document["agent"]["slices"] is None
+    assert document["agent"]["checkpointStatus"] == "missing"
+    assert len(document["gpus"]) == 8 and document["gpus"][0]["model"].startswith("NVIDIA H100")
+    assert snapshot(host.parent) == before  # read-only
+
+
+def test_a_missing_common_spec_is_drift_with_a_hint(
+    host: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, out, _ = status(capsys, host)
+    [line] = [line for line in out.splitlines() if line.startswith("DRIFT ")]
+    assert code == DRIFT and "common spec is missing" in line
+    assert line.endswith("-> start the agent: its start writes it again")
+
+
+@pytest.mark.parametrize("content", [b"not json", b'{"schemaVersion": 1}', b"\xff\xfe"])
+def test_a_corrupt_checkpoint_is_drift_and_stays_where_it_is(
+    host: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, content: bytes
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (host.parent / "cdi").mkdir()
+    (host.parent / "cdi" / "k8s.gpu.nvidia.com-common.json").write_text("{}")
+    checkpoint = host / DRIVER / FILE_NAME
+    checkpoint.write_bytes(content)
+    code, out, err = status(capsys, host)
+    [line] = [line for line in out.splitlines() if line.startswith("DRIFT ")]
+    assert code == DRIFT and f"checkpoint {checkpoint}: cannot be loaded" in line, err
+    assert "moves it aside" in line
+    assert checkpoint.read_bytes() == content  # not moved aside: that is the agent's job
+    assert sorted(p.name for p in checkpoint.parent.iterdir()) == [FILE_NAME, SIMULATED_HOST_DIR]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_an_unreadable_plugin_directory_cannot_be_read(
+    host: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    (host / DRIVER).chmod(0)
+    try:
+        code, _, err = status(capsys, host)
+    finally:
+        (host / DRIVER).chmod(0o755)
+    assert code == CANNOT_READ and "not readable" in err
+
+
+def test_an_unreachable_api_server_cannot_be_read(
+    host: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "users: [{name: u, user: {}}]\n"
+    )
+    code, out, err = status(
+        capsys, host, "--kubeconfig", str(kubeconfig), "--api-timeout-seconds", "2"
+    )
+    assert code == CANNOT_READ and out == ""
+    assert err.startswith("status: cannot read: the API server could not be read"), err
+
+
+def test_a_missing_kubeconfig_cannot_be_read(
+    host: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = status(capsys, host, "--kubeconfig", str(tmp_path / "nope"))
+    assert code == CANNOT_READ and "does not exist" in err
