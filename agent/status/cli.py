@@ -30,7 +30,7 @@ from agent.errors import AgentError
 from agent.hardware.hostfiles import HostFiles
 from agent.imex.config import DRIVER as CHANNEL_DRIVER
 from agent.status import collect
-from agent.status.collect_live import read_api, read_hardware
+from agent.status.collect_live import read_api, read_hardware, read_health
 from agent.status.drift import find_drift
 from agent.status.model import (
     AgentView,
@@ -159,6 +159,7 @@ async def snapshot(args: argparse.Namespace) -> Snapshot:
             [(c.uid, c.namespace, c.name) for c in claims],
             args.api_timeout_seconds,
         )
+    health = await read_health(Path(local.agent.socket)) if local.agent.socket else None
     return Snapshot(
         args.node_name,
         args.driver_name,
@@ -169,6 +170,7 @@ async def snapshot(args: argparse.Namespace) -> Snapshot:
         local.mps,
         local.imex,
         api,
+        health,
     )
 
 

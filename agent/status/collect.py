@@ -186,7 +186,7 @@ def agent_state(plugin_dir: Path, version: str) -> AgentView:
                 connection.connect(str(path))
             except OSError:
                 continue
-            return AgentView(True, f"{path} accepts connections", version)
+            return AgentView(True, f"{path} accepts connections", version, str(path))
     names = ", ".join(str(p) for p in sockets)
     return AgentView(
         False, f"no process listens on {names} (left by an agent that stopped)", version

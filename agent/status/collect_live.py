@@ -13,6 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from agent.hardware.compute_mode import ComputeModes
 from agent.hardware.discovery import discover
 from agent.hardware.errors import HardwareError
@@ -107,3 +109,40 @@ async def read_api(
         await reader.close()
         await client.close()
     return ApiView(mine, channel, read, domains)
+
+
+#: How long the agent's health stream may take to send its first list.
+HEALTH_TIMEOUT_S = 2.0
+
+
+async def read_health(dra_socket: Path) -> dict[str, str] | None:
+    """The agent's own health view, by device name (``Healthy``, ``Unhealthy: <why>``): the
+    first list of its DRAResourceHealth stream, which sends the full list on connect and
+    allows any number of watchers. None when the agent does not answer it (stopped, health
+    monitoring off)."""
+    from grpclib.client import Channel
+    from grpclib.exceptions import GRPCError, StreamTerminatedError
+
+    from agent.kubelet import api
+
+    channel = Channel(path=str(dra_socket))
+    try:
+        with anyio.fail_after(HEALTH_TIMEOUT_S):
+            stub = api.health_v1.DraResourceHealthStub(channel)
+            async for response in stub.node_watch_resources():
+                return {
+                    device.device.device_name: _health(device)
+                    for device in response.devices
+                    if device.device is not None
+                }
+    except (GRPCError, StreamTerminatedError, OSError, TimeoutError):
+        return None
+    finally:
+        channel.close()
+    return None
+
+
+def _health(device: Any) -> str:
+    name = str(device.health.name).capitalize()
+    healthy = name == "Healthy"
+    return f"{name}: {device.message}" if device.message and not healthy else name

@@ -26,9 +26,6 @@ class Finding:
     problem: str
     hint: str
 
-    def line(self) -> str:
-        return f"DRIFT {self.subject}: {self.problem} -> {self.hint}"
-
 
 @dataclass(frozen=True)
 class CheckpointView:
@@ -112,6 +109,7 @@ class AgentView:
     running: bool
     how: str  # what told us (the socket that answered, or why not)
     version: str
+    socket: str = ""  # the DRA socket that accepted a connection
 
 
 @dataclass(frozen=True)
@@ -125,3 +123,5 @@ class Snapshot:
     mps: tuple[MpsDaemonView, ...] = ()
     imex: ImexView | None = None
     api: ApiView | None = None
+    #: the running agent's health view by device name (its health stream); None: not read
+    health: dict[str, str] | None = None

@@ -75,6 +75,7 @@ def report(snapshot: Snapshot, findings: list[Finding]) -> dict[str, Any]:
             "model": gpu.name,
             "uuid": gpu.uuid,
             "computeMode": COMPUTE_MODES.get(snapshot.hardware.compute_modes.get(gpu.uuid, -1)),
+            "health": _health(snapshot, gpu.minor),
             "taints": sorted(
                 {t for name, ts in taints.items() if _on(name, gpu.minor) for t in ts}
             ),
@@ -135,6 +136,20 @@ def report(snapshot: Snapshot, findings: list[Finding]) -> dict[str, Any]:
         "computeDomains": _domains(snapshot),
         "drift": [{"subject": f.subject, "problem": f.problem, "hint": f.hint} for f in findings],
     }
+
+
+def _health(snapshot: Snapshot, minor: int) -> str | None:
+    """The agent's view of the GPU: its full-GPU device, and each of its devices that is
+    not healthy (None when the agent's health stream was not read)."""
+    if snapshot.health is None:
+        return None
+    own = snapshot.health.get(f"gpu-{minor}", "not reported")
+    others = [
+        f"{name} {state}"
+        for name, state in sorted(snapshot.health.items())
+        if name != f"gpu-{minor}" and _on(name, minor) and not state.startswith("Healthy")
+    ]
+    return "; ".join([own, *others])
 
 
 def _on(device: str, minor: int) -> bool:
@@ -217,10 +232,11 @@ def table(document: dict[str, Any]) -> str:
     else:
         lines.append("slices: not read (no API access: pass --kubeconfig)")
     for gpu in document["gpus"]:
-        taints = ", ".join(gpu["taints"]) or "healthy (no taints)"
+        taints = ", ".join(gpu["taints"]) or "none"
+        health = gpu["health"] or "not read (the agent does not answer)"
         lines.append(
             f"GPU {gpu['index']}  {gpu['model']}  {gpu['uuid']}  compute {gpu['computeMode']}  "
-            f"{taints}"
+            f"health {health}  taints {taints}"
         )
         for claim in gpu["claims"]:
             pod = f" pod {claim['pod']}" if claim["pod"] else ""

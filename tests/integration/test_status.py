@@ -116,6 +116,24 @@ async def test_lists_everything_and_stays_read_only(
     assert f"claim {node['mps-name']} ({node['mps']})" in table and "MPS daemon pid" in table
     after = {p: p.stat().st_mtime_ns for p in harness.plugin_dir.rglob("*") if p.is_file()}
     assert {p: t for p, t in after.items() if p in before} == before  # nothing written
+    assert mps_gpu["health"] == "Healthy" and mps_gpu["taints"] == []
+
+    # health: the agent's view (its health stream) and the taint it published, for one GPU
+    idle = max(g["minor"] for g in found["gpus"] if not g["claims"])
+    await send_request(
+        control_socket_path(harness.plugin_dir), {"op": "xid", "gpu": str(idle), "xid": 79}
+    )
+    with anyio.fail_after(10):
+        while True:
+            code, found = await document(harness)
+            [tainted] = [g for g in found["gpus"] if g["minor"] == idle]
+            if tainted["taints"]:
+                break
+            await anyio.sleep(0.2)
+    assert code == 0 and tainted["health"].startswith("Unhealthy: "), tainted
+    assert any("NoExecute" in taint for taint in tainted["taints"]), tainted
+    request = {"op": "recover", "gpu": str(idle)}
+    await send_request(control_socket_path(harness.plugin_dir), request)
 
 
 async def test_cdi_files_deleted_by_hand(fresh_harness: AgentHarness, node: dict[str, Any]) -> None:
