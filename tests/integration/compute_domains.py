@@ -19,10 +19,12 @@ import anyio
 from anyio.abc import Process
 
 from agent.imex.config import DRIVER as CD_DRIVER
+from agent.imex.daemon_files import CONFIG_FILE
 from agent.node.cdi import CdiSpecDirectory
 from agent.sim.allocation import ApiAccess, create_and_allocate_claim, delete_claim
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
+from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 
 TRAY = "gb200-nvl72-tray"
@@ -290,3 +292,34 @@ async def start_controller(cluster: Cluster) -> None:
         stderr=log,
     )  # fmt: skip
     log.close()
+
+
+@contextlib.asynccontextmanager
+async def running_cluster(
+    workdir: Path, nodes: Mapping[str, tuple[str, str]]
+) -> AsyncIterator[Cluster]:
+    """The API server with the device classes, the controller and a started agent on each of
+    ``nodes`` (name -> (profile, InternalIP)); at the end the agents, the IMEX daemons a
+    stopped agent left (a failed test's) and the controller are stopped."""
+    async with EmbeddedApiServer() as server, contextlib.AsyncExitStack() as stack:
+        for device_class in default_device_classes():
+            server.put_object(device_class)
+        cluster = Cluster(workdir, server)
+        try:
+            for name, (profile, address) in nodes.items():
+                await stack.enter_async_context(cluster.node(name, profile, address))
+            await start_controller(cluster)
+            async with anyio.create_task_group() as group:
+                for node in cluster.nodes.values():
+                    group.start_soon(cluster.start, node)
+            yield cluster
+        finally:
+            for node in cluster.nodes.values():
+                if node.process is not None and node.process.returncode is None:
+                    await cluster.stop(node)
+                for config in (node.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
+                    for pid in imex_daemons(config):
+                        os.kill(pid, signal.SIGKILL)
+            if cluster.controller is not None and cluster.controller.returncode is None:
+                cluster.controller.terminate()
+                await cluster.controller.wait()

@@ -14,12 +14,10 @@ process, nothing duplicated, the domain stays Ready).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +27,6 @@ import pytest
 from agent.imex.config import DRIVER as CD_DRIVER
 from agent.imex.daemon_files import CONFIG_FILE, LOG_FILE, NODES_FILE, PID_FILE
 from agent.imex.domains import node_entries
-from agent.sim.apiserver import EmbeddedApiServer
-from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef
 from tests.integration.compute_domains import (
     NAMESPACE,
@@ -40,7 +36,7 @@ from tests.integration.compute_domains import (
     Node,
     eventually,
     imex_daemons,
-    start_controller,
+    running_cluster,
 )
 from tests.support.cdi_schema import assert_valid_cdi_spec
 
@@ -67,29 +63,10 @@ def workdir() -> Iterator[Path]:
 async def cluster(workdir: Path) -> AsyncIterator[Cluster]:
     """The API server, the controller, and agents on tray-a and tray-b (gb200-nvl72-tray)
     and on plain (dgx-h100: no fabric clique)."""
-    async with EmbeddedApiServer() as server, AsyncExitStack() as stack:
-        for device_class in default_device_classes():
-            server.put_object(device_class)
-        cluster = Cluster(workdir, server)
-        try:
-            for name, profile in (("tray-a", TRAY), ("tray-b", TRAY), ("plain", "dgx-h100")):
-                await stack.enter_async_context(cluster.node(name, profile, ADDRESSES[name]))
-            await start_controller(cluster)
-            async with anyio.create_task_group() as group:
-                for node_ in cluster.nodes.values():
-                    group.start_soon(cluster.start, node_)
-            yield cluster
-        finally:
-            for node_ in cluster.nodes.values():
-                if node_.process is not None and node_.process.returncode is None:
-                    await cluster.stop(node_)
-                # a stopped agent leaves the daemon of a prepared claim (a failed test's)
-                for config in (node_.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
-                    for pid in imex_daemons(config):
-                        os.kill(pid, signal.SIGKILL)
-            if cluster.controller is not None and cluster.controller.returncode is None:
-                cluster.controller.terminate()
-                await cluster.controller.wait()
+    profiles = {"tray-a": TRAY, "tray-b": TRAY, "plain": "dgx-h100"}
+    nodes = {name: (profile, ADDRESSES[name]) for name, profile in profiles.items()}
+    async with running_cluster(workdir, nodes) as cluster:
+        yield cluster
 
 
 @pytest.fixture(autouse=True)

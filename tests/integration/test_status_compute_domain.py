@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,55 +19,23 @@ import anyio
 import pytest
 
 from agent.imex.daemon_files import CONFIG_FILE
-from agent.sim.apiserver import EmbeddedApiServer
-from agent.sim.deviceclasses import default_device_classes
 from tests.integration.compute_domains import (
     TRAY,
     Cluster,
     Node,
     eventually,
     imex_daemons,
-    start_controller,
+    running_cluster,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="st-cd-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
 async def cluster(workdir: Path) -> AsyncIterator[Cluster]:
-    async with EmbeddedApiServer() as server, AsyncExitStack() as stack:
-        for device_class in default_device_classes():
-            server.put_object(device_class)
-        cluster = Cluster(workdir, server)
-        try:
-            await stack.enter_async_context(cluster.node("tray-a", TRAY, "10.0.7.1"))
-            await start_controller(cluster)
-            await cluster.start(cluster.nodes["tray-a"])
-            yield cluster
-        finally:
-            node = cluster.nodes["tray-a"]
-            if node.process is not None and node.process.returncode is None:
-                await cluster.stop(node)
-            for config in (node.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
-                for pid in imex_daemons(config):
-                    os.kill(pid, signal.SIGKILL)
-            if cluster.controller is not None and cluster.controller.returncode is None:
-                cluster.controller.send_signal(signal.SIGTERM)
-                await cluster.controller.wait()
+    """One gb200 tray (``workdir``: the integration conftest's, one per module)."""
+    async with running_cluster(workdir, {"tray-a": (TRAY, "10.0.7.1")}) as cluster:
+        yield cluster
 
 
 async def status(cluster: Cluster, node: Node) -> tuple[int, dict[str, Any], str]:
