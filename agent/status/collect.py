@@ -24,7 +24,7 @@ from agent.imex.engine import CHECKPOINT_FILE as CHANNEL_CHECKPOINT
 from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import FILE_NAME, LoadStatus
-from agent.node.errors import CheckpointFormatError
+from agent.node.errors import CdiFileError, CheckpointFormatError
 from agent.node.facts import claim_spec
 from agent.sharing import mps
 from agent.status.model import (
@@ -88,7 +88,7 @@ def read_cdi(root: Path, driver: str, checkpoint: cp.Checkpoint | None) -> CdiVi
     directory = CdiSpecDirectory(root, driver)
     try:
         on_disk = directory.claim_uids()
-    except Exception as error:  # CdiFileError: a directory that cannot be listed
+    except CdiFileError as error:  # a directory that cannot be listed
         raise CannotRead(str(error)) from None
     claims = checkpoint.claims if checkpoint is not None else {}
     specs: list[SpecFile] = []

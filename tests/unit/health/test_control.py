@@ -73,3 +73,23 @@ async def test_bad_requests_are_refused(
 async def test_no_agent_listening_says_what_to_check(tmp_path: Path) -> None:
     with pytest.raises(ControlError, match="is `gpu-dra-agent run --simulate"):
         await send_request(tmp_path / "none.sock", {"op": "recover", "gpu": "0"})
+
+
+async def test_a_gpu_instance_destroyed_behind_the_agents_back(
+    control: tuple[SimulatedHost, Path],
+) -> None:
+    host, path = control
+    state = host.library.state
+    gpu = state.gpus[1]
+    profile = gpu.model.gi_by_id(19)  # 1g.10gb
+    assert profile is not None
+    gi = state.add_gpu_instance(gpu, 5, profile, 0)
+    ci_profile = gpu.model.ci_profiles(profile)[0]
+    state.add_compute_instance(gi, 0, ci_profile, 0, "MIG-5d11a304-ead0-5519-b54a-361764500a99")
+    changes: list[int] = []
+    host.library.add_mig_listener(lambda: changes.append(1))  # what persists the state
+    request = {"op": "destroy-gpu-instance", "gpu": "1", "gpu_instance_id": 5}
+    await send_request(path, request)
+    assert gpu.gpu_instances == {} and changes == [1]
+    with pytest.raises(ControlError, match="GPU 1 has no GPU instance 5"):
+        await send_request(path, request)
