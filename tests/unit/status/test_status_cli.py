@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,13 @@ import pytest
 
 from agent.cli import main
 from agent.config import SIMULATED_HOST_DIR
+from agent.dra.config import default_config
+from agent.hardware.hostfiles import HostFiles
 from agent.hardware.simulated.host import SimulatedHost
+from agent.node import checkpoint as cp
+from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import FILE_NAME
+from agent.node.facts import claim_spec
 from agent.status.cli import CANNOT_READ, CONSISTENT, DRIFT
 
 DRIVER = "gpu.nvidia.com"
@@ -128,3 +134,41 @@ def test_a_missing_kubeconfig_cannot_be_read(
 ) -> None:
     code, _, err = status(capsys, host, "--kubeconfig", str(tmp_path / "nope"))
     assert code == CANNOT_READ and "does not exist" in err
+
+
+def test_claim_specs_against_the_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prepared claim whose spec differs, one whose spec is gone, a spec no entry owns:
+    one line each; the spec of the claim that matches gives none."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    plugins = tmp_path / "plugins"
+    root = plugins / DRIVER / SIMULATED_HOST_DIR
+    with SimulatedHost.start("dgx-h100", root) as simulated:
+        gpus = simulated.profile.gpus
+    boot = HostFiles(root).boot_id()
+    assert boot is not None
+    uids = [str(uuid.UUID(int=n)) for n in range(1, 5)]
+    claims = {}
+    for index, uid in enumerate(uids[:3]):
+        device = cp.PreparedDevice(
+            ("gpu",), "node-a", f"gpu-{gpus[index].minor}", (), "gpu", gpus[index].uuid,
+            gpus[index].minor, default_config("gpu"),
+        )  # fmt: skip
+        claims[uid] = cp.PreparedClaim(
+            uid, "default", f"c{index}", cp.ClaimState.PREPARE_COMPLETED, (device,)
+        )
+    (plugins / DRIVER / FILE_NAME).write_bytes(cp.encode(cp.Checkpoint(boot, claims)))
+    specs = CdiSpecDirectory(tmp_path / "cdi", DRIVER)
+    specs.write_common({"kind": "k8s.gpu.nvidia.com/claim"})
+    matches, differs, gone = uids[:3]
+    specs.write_claim(matches, claim_spec(DRIVER, matches, claims[matches].devices))
+    specs.write_claim(differs, {"kind": "k8s.gpu.nvidia.com/claim", "devices": []})
+    specs.write_claim(uids[3], {"kind": "k8s.gpu.nvidia.com/claim", "devices": []})
+    code, out, _ = status(capsys, plugins)
+    drift = sorted(line for line in out.splitlines() if line.startswith("DRIFT "))
+    assert code == DRIFT and len(drift) == 3, out
+    assert f"({differs}): its CDI spec" in drift[1] and "differs from the checkpoint" in drift[1]
+    assert f"({gone}): prepared in the checkpoint, but its CDI spec" in drift[2]
+    assert str(specs.claim_path(uids[3])) in drift[0] and "no checkpoint entry owns" in drift[0]
+    assert all("start the agent" in line for line in drift)
