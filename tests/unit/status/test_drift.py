@@ -26,11 +26,6 @@ UID = "0b6f1c52-3a1e-4d6f-9c1a-7e2b5d8f4a10"
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 async def inventory(tmp_path: Path) -> Inventory:
     return await discover_host("dgx-a100", tmp_path / "host")
 

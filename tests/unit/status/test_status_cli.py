@@ -10,9 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
-from agent.cli import main
+from agent.cli import build_parser, main
 from agent.config import SIMULATED_HOST_DIR
 from agent.dra.config import default_config
 from agent.hardware.hostfiles import HostFiles
@@ -21,6 +22,7 @@ from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import FILE_NAME
 from agent.node.facts import claim_spec
+from agent.status import cli as status_cli
 from agent.status.cli import CANNOT_READ, CONSISTENT, DRIFT
 
 DRIVER = "gpu.nvidia.com"
@@ -172,3 +174,17 @@ def test_claim_specs_against_the_checkpoint(
     assert f"({gone}): prepared in the checkpoint, but its CDI spec" in drift[2]
     assert str(specs.claim_path(uids[3])) in drift[0] and "no checkpoint entry owns" in drift[0]
     assert all("start the agent" in line for line in drift)
+
+
+@pytest.mark.anyio
+async def test_watch_redraws_every_two_seconds(
+    host: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setattr(status_cli, "WATCH_INTERVAL_S", 0.2)
+    argv = ["status", "--simulate", "dgx-h100", "--plugins-dir", str(host), "--watch"]
+    args = build_parser(argv).parse_args([*argv, "--cdi-root", str(host.parent / "cdi")])
+    with anyio.move_on_after(1.0):
+        await status_cli.run(args)
+    out = capsys.readouterr().out
+    assert out.count("\x1b[H\x1b[2J") >= 3 and out.count("1 drift finding(s)") >= 3
