@@ -24,7 +24,7 @@ from agent.imex.engine import CHECKPOINT_FILE as CHANNEL_CHECKPOINT
 from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import FILE_NAME, LoadStatus
-from agent.node.errors import CdiFileError, CheckpointFormatError
+from agent.node.errors import CdiFileError, CheckpointFormatError, NodeError
 from agent.node.facts import claim_spec
 from agent.sharing import mps
 from agent.status.model import (
@@ -96,7 +96,11 @@ def read_cdi(root: Path, driver: str, checkpoint: cp.Checkpoint | None) -> CdiVi
         path = directory.claim_path(claim.uid)
         if claim.state is not cp.ClaimState.PREPARE_COMPLETED:
             continue
-        expected = claim_spec(driver, claim.uid, claim.devices)
+        try:
+            expected = claim_spec(driver, claim.uid, claim.devices)
+        except (cdi.CdiSpecError, NodeError) as error:
+            specs.append(SpecFile(claim.uid, str(path), "unbuildable", _mtime(path), str(error)))
+            continue
         state = directory.status(path, expected)
         specs.append(SpecFile(claim.uid, str(path), state.value, _mtime(path)))
     if checkpoint is not None:  # without a checkpoint every spec is the start's to adopt

@@ -93,6 +93,13 @@ def _cdi(snapshot: Snapshot) -> Iterable[Finding]:
                 "(a container start of its pods fails)",
                 _start(snapshot, "writes it again from the checkpoint"),
             )
+        elif spec.state == "unbuildable" and claim is not None:
+            yield Finding(
+                claim_label(claim),
+                f"its CDI spec cannot be built from the checkpoint ({spec.detail})",
+                "the agent's start cannot rewrite it either: delete the claim's pods so that "
+                "the kubelet unprepares it",
+            )
         elif spec.state == "differs" and claim is not None:
             yield Finding(
                 claim_label(claim),

@@ -44,8 +44,9 @@ class SpecFile:
 
     uid: str
     path: str
-    state: str  # matches | missing | differs | orphan
+    state: str  # matches | missing | differs | orphan | unbuildable
     since: float | None = None  # the file's mtime (the claim's prepare time)
+    detail: str = ""  # why an unbuildable spec cannot be built from the checkpoint
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from agent.dra.config import default_config
 from agent.hardware.discovery import discover_host
 from agent.hardware.inventory import Inventory
 from agent.node import checkpoint as cp
+from agent.status.collect import read_cdi
 from agent.status.drift import find_drift
 from agent.status.model import AgentView, ApiView, CdiView, CheckpointView, HardwareView, Snapshot
 from agent.status.render import report
@@ -126,3 +127,18 @@ async def test_an_unfinished_prepare_is_drift_only_while_the_agent_is_down(
     assert find_drift(snapshot(inventory, claims=(started,))) == []  # may be in flight
     [finding] = find_drift(snapshot(inventory, running=False, claims=(started,)))
     assert "never finished" in finding.problem and "rolls it back" in finding.hint
+
+
+async def test_a_spec_the_checkpoint_cannot_build(inventory: Inventory, tmp_path: Path) -> None:
+    claim = gpu_claim(inventory)
+    odd = dataclasses.replace(claim.devices[0], device="gpu 0")  # no CDI device name
+    claim = dataclasses.replace(claim, devices=(odd,))
+    taken = snapshot(inventory, claims=(claim,))
+    cdi = read_cdi(tmp_path, DRIVER, taken.checkpoint.checkpoint)
+    [spec] = cdi.specs
+    assert spec.state == "unbuildable" and "gpu 0" in spec.detail
+    findings = find_drift(
+        dataclasses.replace(taken, cdi=dataclasses.replace(cdi, common_present=True))
+    )
+    [finding] = [f for f in findings if "cannot be built" in f.problem]
+    assert "delete the claim's pods" in finding.hint
