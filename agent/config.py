@@ -97,6 +97,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("slice-layout", "GPU_DRA_SLICE_LAYOUT", "auto"),
     Setting("adopt-mig-instances", "GPU_DRA_ADOPT_MIG_INSTANCES", "false"),
     Setting("mig-mode-off-when-idle", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE", "true"),
+    # KEP-5075 shares: disabled|memory|unlimited|<N> (docs/OPERATIONS.md, "Consumable shares")
+    Setting("consumable-shares", "GPU_DRA_CONSUMABLE_SHARES", "disabled"),
     # ComputeDomains: the compute-domain.nvidia.com driver (docs/OPERATIONS.md, "ComputeDomains")
     Setting("compute-domains", "GPU_DRA_COMPUTE_DOMAINS", "auto"),
     Setting("imex-daemon-cmd", "GPU_DRA_IMEX_DAEMON_CMD", "nvidia-imex"),
@@ -132,6 +134,7 @@ class AgentConfig:
     slice_layout: str = "auto"  # one of SLICE_LAYOUTS
     adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
     mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
+    consumable_shares: str = "disabled"  # agent.dra.shares.parse_mode accepts it
     # ComputeDomains (agent/imex): the second driver, compute-domain.nvidia.com
     compute_domains: str = "auto"  # one of COMPUTE_DOMAIN_MODES
     imex_daemon_cmd: str = "nvidia-imex"
@@ -328,6 +331,7 @@ def load_config(
         slice_layout=_choice(values["slice-layout"], SLICE_LAYOUTS),
         adopt_mig_instances=_boolean(values["adopt-mig-instances"]),
         mig_mode_off_when_idle=_boolean(values["mig-mode-off-when-idle"]),
+        consumable_shares=_shares(values["consumable-shares"]),
         compute_domains=_choice(values["compute-domains"], COMPUTE_DOMAIN_MODES),
         imex_daemon_cmd=_command(values["imex-daemon-cmd"]),
         imex_ready_timeout_s=_seconds(
@@ -363,6 +367,15 @@ def _choice(value: _Value, choices: tuple[str, ...]) -> str:
     if text not in choices:
         raise ConfigError(f"{value.source} {value.value!r} is not one of {', '.join(choices)}")
     return text
+
+
+def _shares(value: _Value) -> str:
+    from agent.dra.shares import parse_mode
+
+    try:
+        return str(parse_mode(value.value))
+    except AgentError as err:
+        raise ConfigError(f"{value.source}: {err}") from None
 
 
 def _command(value: _Value) -> str:

@@ -123,6 +123,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "instance is gone [GPU_DRA_MIG_MODE_OFF_WHEN_IDLE] (default: true)",
     )
     add(
+        "--consumable-shares",
+        metavar="disabled|memory|unlimited|N",
+        help="publish full GPUs and static MIG devices for several claims at once (KEP-5075): "
+        "shares ask for memory (memory: default the whole GPU; unlimited: default none) or "
+        "one of N shares [GPU_DRA_CONSUMABLE_SHARES] (default: disabled)",
+    )
+    add(
         "--compute-domains",
         metavar="auto|on|off",
         help="serve the compute-domain.nvidia.com driver (ComputeDomains over IMEX): auto where "

@@ -130,6 +130,7 @@ class Supervisor:
     async def _start(self, stack: AsyncExitStack, group: TaskGroup) -> None:
         # Heavy imports live here so that `gpu-dra-agent --help` stays fast.
         from agent.dra import build_devices
+        from agent.dra.shares import parse_mode
         from agent.hardware.discovery import discover, nvml_session
         from agent.kube.claims import ApiClaimReader
         from agent.kube.client import create_api_client
@@ -151,7 +152,8 @@ class Supervisor:
             log.info("serving Prometheus metrics", extra={"url": endpoint.url})
         session = await stack.enter_async_context(nvml_session(config.simulate, config.host_root))
         inventory = await discover(session.nvml, config.host_root)
-        devices = build_devices(inventory)
+        shares = parse_mode(config.consumable_shares)  # --consumable-shares (agent.dra.shares)
+        devices = build_devices(inventory, shares=shares)
         log.info(
             "discovered %d GPU(s), %d allocatable device(s)",
             len(inventory.gpus),
@@ -243,7 +245,7 @@ class Supervisor:
             dynamic_mig = _dynamic_mig_settings(engine.checkpoint, config.adopt_mig_instances)
             if report.rolled_back:  # recovery destroyed what a crash made: read the GPUs again
                 inventory = await discover(session.nvml, config.host_root)
-            device_set = build_device_set(inventory, dynamic_mig=dynamic_mig)
+            device_set = build_device_set(inventory, dynamic_mig=dynamic_mig, shares=shares)
             devices, counter_sets = list(device_set.devices), device_set.counter_sets
             slice_layout = await _slice_layout_for_server(api_client, config.slice_layout, timeout)
             log.info(
@@ -277,6 +279,7 @@ class Supervisor:
                 events=events,
                 driver_name=config.driver_name,
                 dynamic_mig=dynamic_mig,
+                shares=shares,
             )
             self._child(group, "health monitor", health.monitor.run)
         if session.simulated is not None:
