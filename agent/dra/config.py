@@ -19,121 +19,64 @@ the configs of one claim together: ``sharing_problems``); ``agent.sharing`` appl
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
+from agent.dra.config_types import (
+    API_VERSION,
+    DEFAULT_CONFIGS,
+    MAX_PARAMETERS_BYTES,
+    SOURCE_RANK,
+    AllocationResult,
+    ConfigError,
+    ConfigSource,
+    DeviceConfigEntry,
+    DeviceKind,
+    EffectiveConfig,
+    GpuConfig,
+    MigDeviceConfig,
+    MpsConfig,
+    OpaqueConfig,
+    Sharing,
+    SharingStrategy,
+    TimeSliceInterval,
+    TimeSlicingConfig,
+)
 from agent.dra.errors import InvalidValueError
 from agent.dra.quantity import parse_quantity
-from agent.errors import AgentError
 
-API_VERSION = "resource.nvidia.com/v1beta1"
-MAX_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength of resource.k8s.io
-DeviceKind = Literal["gpu", "mig"]
-ConfigSource = Literal["FromClass", "FromClaim"]
-_SOURCE_RANK: dict[str, int] = {"FromClass": 1, "FromClaim": 2}
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_CONFIGS",
+    "MAX_PARAMETERS_BYTES",
+    "SOURCE_RANK",
+    "AllocationResult",
+    "ConfigError",
+    "ConfigSource",
+    "DeviceConfigEntry",
+    "DeviceKind",
+    "EffectiveConfig",
+    "GpuConfig",
+    "MigDeviceConfig",
+    "MpsConfig",
+    "OpaqueConfig",
+    "Sharing",
+    "SharingStrategy",
+    "TimeSliceInterval",
+    "TimeSlicingConfig",
+    "config_kind",
+    "config_to_dict",
+    "decode_parameters",
+    "default_config",
+    "effective_configs",
+    "load_parameters",
+    "parse_allocation",
+    "sharing_problems",
+]
+
 _E = TypeVar("_E", bound=StrEnum)
-
-
-class ConfigError(AgentError):
-    """A claim's device configuration is invalid; ``problems`` lists every mistake found."""
-
-    def __init__(self, problems: Sequence[str], claim: str = "") -> None:
-        self.problems = tuple(problems)
-        subject = f"claim {claim}: " if claim else ""
-        super().__init__(f"{subject}invalid device configuration: " + "; ".join(self.problems))
-
-
-class SharingStrategy(StrEnum):
-    TIME_SLICING = "TimeSlicing"
-    MPS = "MPS"
-
-
-class TimeSliceInterval(StrEnum):
-    DEFAULT = "Default"
-    SHORT = "Short"
-    MEDIUM = "Medium"
-    LONG = "Long"
-
-
-@dataclass(frozen=True)
-class TimeSlicingConfig:
-    interval: TimeSliceInterval = TimeSliceInterval.DEFAULT
-
-
-@dataclass(frozen=True)
-class MpsConfig:
-    """MPS defaults; quantities as spelled; per-device limits as sorted (UUID|index, qty)."""
-
-    default_active_thread_percentage: int | None = None
-    default_pinned_device_memory_limit: str | None = None
-    default_per_device_pinned_memory_limit: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """How devices are shared; ``time_slicing`` only with TimeSlicing, ``mps`` only with MPS."""
-
-    strategy: SharingStrategy
-    time_slicing: TimeSlicingConfig | None = None
-    mps: MpsConfig | None = None
-
-    def __post_init__(self) -> None:  # normalized, so that equal meaning is equal value
-        if self.strategy is SharingStrategy.TIME_SLICING and self.time_slicing is None:
-            object.__setattr__(self, "time_slicing", TimeSlicingConfig())
-        if self.strategy is SharingStrategy.MPS and self.mps is None:
-            object.__setattr__(self, "mps", MpsConfig())
-
-
-@dataclass(frozen=True)
-class GpuConfig:
-    sharing: Sharing | None = None
-
-
-@dataclass(frozen=True)
-class MigDeviceConfig:
-    sharing: Sharing | None = None
-
-
-OpaqueConfig = GpuConfig | MigDeviceConfig
-DEFAULT_CONFIGS: Mapping[DeviceKind, OpaqueConfig] = {"gpu": GpuConfig(), "mig": MigDeviceConfig()}
-
-
-@dataclass(frozen=True)
-class AllocationResult:
-    """One ``status.allocation.devices.results[]`` entry, as far as prepare needs it."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool = False
-
-    @property
-    def base_request(self) -> str:
-        """The request name without a subrequest suffix (``"req/sub"`` -> ``"req"``)."""
-        return self.request.split("/", 1)[0]
-
-
-@dataclass(frozen=True)
-class DeviceConfigEntry:
-    """One ``status.allocation.devices.config[]`` entry; ``parameters`` is the opaque object."""
-
-    source: ConfigSource
-    requests: tuple[str, ...]
-    driver: str
-    parameters: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class EffectiveConfig:
-    """The config that applies to one allocated device, and where it came from."""
-
-    result: AllocationResult
-    kind: DeviceKind
-    config: OpaqueConfig
-    origin: str  # "default" or "devices.config[<index>]"
 
 
 def config_kind(config: OpaqueConfig) -> DeviceKind:
@@ -223,7 +166,8 @@ def parse_allocation(
         if all(isinstance(value, str) and value for value in fields):
             request, driver, pool, device = map(str, fields)
             admin = item.get("adminAccess") is True
-            results.append(AllocationResult(request, driver, pool, device, admin))
+            share, consumed = _share(item, f"devices.results[{index}]", problems)
+            results.append(AllocationResult(request, driver, pool, device, admin, share, consumed))
         else:
             problems.append(f"devices.results[{index}]: {', '.join(_RESULT_KEYS)} must be set")
     configs: list[DeviceConfigEntry] = []
@@ -232,7 +176,7 @@ def parse_allocation(
         source, requests = entry.get("source"), entry.get("requests") or []
         opaque = entry["opaque"] if isinstance(entry.get("opaque"), Mapping) else {}
         config_driver, parameters = opaque.get("driver"), opaque.get("parameters")
-        if not isinstance(source, str) or source not in _SOURCE_RANK:
+        if not isinstance(source, str) or source not in SOURCE_RANK:
             problems.append(f"devices.config[{index}].source: must be FromClass or FromClaim")
         elif not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
             problems.append(f"devices.config[{index}].requests: must be a list of strings")
@@ -247,6 +191,30 @@ def parse_allocation(
     if problems:
         raise ConfigError(problems)
     return tuple(results), tuple(configs)
+
+
+def _share(
+    item: Mapping[str, Any], path: str, problems: list[str]
+) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """A result's KEP-5075 ``shareID`` and ``consumedCapacity`` (quantities by name)."""
+    share = item.get("shareID")
+    if share is not None and (not isinstance(share, str) or not _SHARE_ID.fullmatch(share)):
+        problems.append(f"{path}.shareID: {share!r} is not a UID")
+        share = None
+    consumed = item.get("consumedCapacity") or {}
+    if not isinstance(consumed, Mapping):
+        problems.append(f"{path}.consumedCapacity: must be an object")
+        return share, ()
+    pairs = []
+    for name, value in consumed.items():
+        try:
+            if isinstance(value, bool) or parse_quantity(str(value)) < 0:
+                raise InvalidValueError(str(value))
+        except InvalidValueError:
+            problems.append(f"{path}.consumedCapacity.{name}: {value!r} is not a quantity")
+            continue
+        pairs.append((str(name), str(value)))
+    return share, tuple(sorted(pairs))
 
 
 def effective_configs(
@@ -300,7 +268,7 @@ def effective_configs(
                         f" (use {type(DEFAULT_CONFIGS[kind]).__name__})"
                     )
                 continue
-            rank = (_SOURCE_RANK[entry.source], specific, index)
+            rank = (SOURCE_RANK[entry.source], specific, index)
             if best is None or rank > best[0]:
                 best = (rank, EffectiveConfig(result, kind, config, f"devices.config[{index}]"))
         chosen.append(
@@ -351,6 +319,8 @@ def sharing_problems(chosen: Sequence[EffectiveConfig], uuid_of: Callable[[str],
 
 
 _RESULT_KEYS = ("request", "driver", "pool", "device")
+#: A ``types.UID`` as the scheduler generates it (a UUID); at most 128 characters otherwise.
+_SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _SHARING_FIELDS = ("strategy", "mpsConfig", "timeSlicingConfig")
 _MPS_FIELDS = (
     "defaultActiveThreadPercentage",
