@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,7 @@ async def explain(harness: AgentHarness, request: dict[str, Any], path: Path) ->
         "metadata": {"name": "one-more", "namespace": "default"},
         "spec": {"devices": {"requests": [request]}},
     }
-    path.write_text(json.dumps(document))
+    await anyio.Path(path).write_text(json.dumps(document))
     command = [sys.executable, "-m", "agent", "explain", str(path), "-o", "json"]
     command += ["--kubeconfig", str(harness.kubeconfig), "--node", NODE]
     done = await anyio.run_process(command, check=False)
@@ -141,7 +140,7 @@ async def test_an_mps_share_is_limited_to_its_memory(shares: AgentHarness) -> No
     for ref, mib in zip(refs, (8192, 12288), strict=True):
         pipe = mps_dir(harness, ref.uid) / "pipe"
         [pid] = daemons_of(pipe)
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        environ = (await anyio.Path(f"/proc/{pid}/environ").read_bytes()).split(b"\0")
         assert f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M".encode() in environ
         assert await mps_query(harness, ref.uid, "get_default_device_pinned_mem_limit 0") == (
             f"{mib}M"
@@ -176,5 +175,5 @@ async def test_kill_9_mid_prepare_of_a_second_share(shares: AgentHarness) -> Non
     assert answer.devices[0].share_id == results(claim)[0]["shareID"]
     again = (await harness.prepare(first))[first.uid]
     assert again.error == "" and again.devices[0].share_id
-    assert os.path.exists(harness.cdi_spec_path(first.uid))
+    assert first.uid in harness.cdi_claim_uids()
     assert set(harness.checkpoint_claims()) == {first.uid, second.uid}
