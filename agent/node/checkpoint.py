@@ -6,10 +6,9 @@ everything needed to undo a prepare, and to rebuild its CDI spec without the Res
 or NVML, is recorded here: per claim its two-phase state (``PrepareStarted`` is written
 before any hardware or file changes, ``PrepareCompleted`` before the kubelet is answered),
 the prepared devices with their UUIDs, minors, MIG instance ids and capability device
-numbers, the effective opaque config, the directories of the MPS daemon it is shared through
-(``mps``, only when set), whether the device was prepared for ``adminAccess``
-(so that after a restart or a reload it still does not count as exclusive) and the CDI spec
-file name.
+numbers, the effective opaque config, the MPS daemon's directories (``mps``), ``adminAccess``
+(so that after a restart it still does not count as exclusive), a KEP-5075 share's
+``shareID`` and ``consumedCapacity`` (these four only when set) and the CDI spec file name.
 
 A claim whose devices an effector creates on prepare (a dynamic MIG instance,
 ``agent.node.effectors``) also carries *intents*: what the effector is about to create, written
@@ -19,8 +18,8 @@ without intents is stored exactly as before (no ``intents`` key).
 
 The document carries a schema version, the node's boot id (a reboot invalidates every
 prepared claim, user-pain.md item 1) and a SHA-256 checksum over the canonical JSON of the
-rest. This module is the pure half: immutable records, strict (de)serialization and the
-update functions. ``checkpoint_store`` reads and writes the file.
+rest. This module is the pure half: the records (``checkpoint_records``), strict
+(de)serialization and the update functions; ``checkpoint_store`` reads and writes the file.
 """
 
 from __future__ import annotations
@@ -33,12 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from agent.dra import cdi
-from agent.dra.config import (
-    ConfigError,
-    config_kind,
-    config_to_dict,
-    decode_parameters,
-)
+from agent.dra.config import ConfigError, config_kind, config_to_dict, decode_parameters
 from agent.node.checkpoint_records import (
     Checkpoint,
     ClaimState,

@@ -346,6 +346,8 @@ class SharingEffector(DaemonUpkeep):
             await record(with_pid(intents, pid))
             crash_point("after-mps-daemon-start")
             await self._serve(uid, pid, plan.config, uuids)
+            if plan.environment:  # a KEP-5075 share, limited to its consumed memory
+                crash_point("after-mps-share-limits")
 
     def _share(self, uid: str) -> cp.MpsShare:
         dirs = self._daemons.directories(uid)

@@ -38,6 +38,7 @@ from tests.integration.test_sharing import (
     mps_query,
     sharing_config,
 )
+from tests.integration.test_sharing import running as sharing_agent
 
 pytestmark = pytest.mark.anyio
 SHARES = ("--consumable-shares", "memory")
@@ -60,9 +61,8 @@ async def shares(fresh_harness: AgentHarness) -> AgentHarness:
 
 
 async def running(harness: AgentHarness, env: dict[str, str] | None = None) -> AgentHarness:
-    if env is not None or harness.agent is None or harness.agent.returncode is not None:
-        await harness.start_agent(env, args=SHARES)
-    return harness
+    """The module's agent (``--consumable-shares memory``), started if it is not running."""
+    return await sharing_agent(harness, env, args=SHARES)
 
 
 async def explain(harness: AgentHarness, request: dict[str, Any], path: Path) -> tuple[int, Any]:
