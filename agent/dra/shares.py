@@ -14,7 +14,10 @@ are the incumbent's (nvidia-driver-facts.md, ConsumableShares):
 - an integer N (1-1024): a ``shares`` capacity of N, each allocation taking 1 by default, and
   memory as with ``unlimited``.
 
-Full GPUs and static MIG devices are shared; devices that consume counters (``--dynamic-mig``
+Every other capacity (a MIG device's multiprocessors, engines and memory slices) gets a
+policy whose default is 0: without one, a share that names nothing would take all of it (the
+API's rule), and a MIG device would hold one share only. Full GPUs and static MIG devices are
+shared; devices that consume counters (``--dynamic-mig``
 placements and their full GPUs) are not, because a share of a MIG instance made on prepare
 would need the instance to outlive its maker. Memory is rounded down to the step, so the
 default and the maximum are multiples of it, as the API server requires.
@@ -91,6 +94,10 @@ def share_device(device: DraDevice, mode: SharesMode) -> DraDevice:
     if mode.kind == "count":
         capacity[SHARES] = mode.shares
         policies[SHARES] = RequestPolicy(1, 1, mode.shares, 1)
+    for name, value in capacity.items():  # a MIG device's engines: none unless asked for
+        if name not in policies:
+            amount = int(parse_quantity(str(value)))
+            policies[name] = RequestPolicy(0, 0, amount, 1)
     return replace(
         device, capacity=capacity, allow_multiple_allocations=True, request_policies=policies
     )

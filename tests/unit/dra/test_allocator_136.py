@@ -10,6 +10,10 @@ import itertools
 from typing import Any
 
 from agent.dra.allocator import allocate, build_node_state, explain, parse_claim
+from agent.dra.devices import build_device_set
+from agent.dra.shares import parse_mode
+from agent.dra.slices import build_slices
+from tests.support.inventories import h100_mixed_mig_node
 from tests.unit.dra.test_allocator import (
     CLASSES,
     DRIVER,
@@ -216,3 +220,24 @@ def test_a_multi_pool_claim_fills_pools_in_order_with_shares() -> None:
         allocation, _ = cluster.allocate(claim(memory("r", "50Gi")))
         placed.append(results(allocation)[0]["device"] if allocation else None)
     assert placed == ["a0", "b0", None]
+
+
+def test_two_shares_of_a_published_static_mig_device() -> None:
+    """The agent's own slices with --consumable-shares memory: a MIG device holds several
+    shares (its engines default to 0 each), not one share that takes everything."""
+    devices = build_device_set(h100_mixed_mig_node(), shares=parse_mode("memory")).devices
+    slices = build_slices(devices, node_name=NODE, driver_name="gpu.nvidia.com")
+    for index, item in enumerate(slices):
+        item["metadata"]["name"] = f"s{index}"
+    cluster = Cluster(slices)
+    mig = "device.attributes['gpu.nvidia.com'].type == 'mig'"
+    placed = []
+    for _ in range(2):
+        allocation, _ = cluster.allocate(
+            claim(memory("r", "2Gi", selectors=[{"cel": {"expression": mig}}]))
+        )
+        [result] = results(allocation)
+        assert result["consumedCapacity"]["memory"] == "2Gi"
+        assert result["consumedCapacity"]["multiprocessors"] == "0"
+        placed.append(result["device"])
+    assert placed[0] == placed[1]

@@ -78,6 +78,13 @@ def test_unlimited_and_count_modes() -> None:
 def test_static_mig_devices_are_shared_too() -> None:
     devices = build_device_set(h100_mixed_mig_node(), shares=SharesMode("memory")).devices
     assert all(d.allow_multiple_allocations for d in devices)
+    mig = next(d for d in devices if "mig" in d.name).to_dict()["capacity"]
+    # engines and memory slices: nothing unless a share asks (else one share takes them all)
+    assert mig["multiprocessors"]["requestPolicy"]["default"] == "0"
+    assert (
+        mig["memory"]["requestPolicy"]["default"]
+        == mig["memory"]["requestPolicy"]["validRange"]["max"]
+    )
 
 
 @pytest.mark.parametrize("mode", ["memory", "unlimited", "7"])
