@@ -20,6 +20,7 @@ import json
 import logging
 import random
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -45,7 +46,8 @@ from agent.imex.documents import (
 )
 from agent.kube.backoff import Backoff
 from agent.kube.events import RETRYABLE_STATUSES
-from agent.kube.rawapi import ApiStatusError
+from agent.kube.rawapi import ApiStatusError, status_error
+from agent.kube.throttle import call_with_retries
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +91,23 @@ class DomainApi:
         self.component = component
         #: 409 answers met by status writes (the join test counts them)
         self.conflicts = 0
+        #: calls sent again after a 429 or a transient failure; of them after a 429
+        self.retries = 0
+        self.throttled = 0
 
     # -- reads ------------------------------------------------------------------------------
 
     async def get(self, namespace: str, name: str) -> Obj:
-        return await self._call(
+        return await self.call(
             self._custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
         )
 
     async def list_all(self) -> list[Obj]:
-        found = await self._call(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        found = await self.call(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
         return list(found.get("items") or [])
 
     async def list_in(self, namespace: str) -> list[Obj]:
-        found = await self._call(
+        found = await self.call(
             self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL
         )
         return list(found.get("items") or [])
@@ -150,7 +155,7 @@ class DomainApi:
                 return domain
             body = {**domain, "status": status}
             try:
-                return await self._call(
+                return await self.call(
                     self._custom.replace_namespaced_custom_object_status,
                     GROUP,
                     VERSION,
@@ -245,21 +250,21 @@ class DomainApi:
     async def replace(self, domain: Obj) -> Obj:
         """PUT the domain (its metadata: the finalizer), with its resourceVersion."""
         meta = domain["metadata"]
-        return await self._call(
+        return await self.call(
             self._custom.replace_namespaced_custom_object,
             GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], domain,
         )  # fmt: skip
 
     async def set_status(self, domain: Obj, status: Obj) -> Obj:
         meta = domain["metadata"]
-        return await self._call(
+        return await self.call(
             self._custom.replace_namespaced_custom_object_status,
             GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {**domain, "status": status},
         )  # fmt: skip
 
     async def get_template(self, namespace: str, name: str) -> Obj | None:
         try:
-            return await self._call(
+            return await self.call(
                 self._resource.read_namespaced_resource_claim_template, name, namespace
             )
         except ApiStatusError as error:
@@ -268,13 +273,13 @@ class DomainApi:
             raise
 
     async def create_template(self, namespace: str, body: Obj) -> Obj:
-        return await self._call(
+        return await self.call(
             self._resource.create_namespaced_resource_claim_template, namespace, body
         )
 
     async def delete_template(self, namespace: str, name: str) -> bool:
         try:
-            await self._call(
+            await self.call(
                 self._resource.delete_namespaced_resource_claim_template, name, namespace
             )
         except ApiStatusError as error:
@@ -285,17 +290,17 @@ class DomainApi:
 
     async def get_lease(self, namespace: str, name: str) -> Obj | None:
         try:
-            return await self._call(self._coordination.read_namespaced_lease, name, namespace)
+            return await self.call(self._coordination.read_namespaced_lease, name, namespace)
         except ApiStatusError as error:
             if error.code == 404:
                 return None
             raise
 
     async def create_lease(self, namespace: str, body: Obj) -> Obj:
-        return await self._call(self._coordination.create_namespaced_lease, namespace, body)
+        return await self.call(self._coordination.create_namespaced_lease, namespace, body)
 
     async def replace_lease(self, namespace: str, body: Obj) -> Obj:
-        return await self._call(
+        return await self.call(
             self._coordination.replace_namespaced_lease, body["metadata"]["name"], namespace, body
         )
 
@@ -329,7 +334,7 @@ class DomainApi:
         backoff = Backoff(initial=0.25, maximum=1.0)
         for attempt in range(1, EVENT_ATTEMPTS + 1):
             try:
-                await self._call(self._core.create_namespaced_event, ref.namespace, body)
+                await self._send(self._core.create_namespaced_event, ref.namespace, body)
                 return
             except Exception as error:  # Events are best effort
                 again = not isinstance(error, TimeoutError) and (
@@ -345,7 +350,24 @@ class DomainApi:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
+    async def call(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
+        """One call as plain JSON, bounded by the request timeout; a 429 (or an answer with
+        ``Retry-After``) and, for reads, a transient failure are retried at most 3 times
+        (:mod:`agent.kube.throttle`)."""
+        name = getattr(method, "__name__", "")
+        idempotent = name.startswith(("get_", "list_", "read_"))
+        return await call_with_retries(
+            partial(self._send, method, *args, **kwargs),
+            idempotent=idempotent,
+            on_retry=self._retried,
+        )
+
+    def _retried(self, error: BaseException, delay: float) -> None:
+        self.retries += 1
+        if isinstance(error, ApiStatusError) and error.code == 429:
+            self.throttled += 1
+
+    async def _send(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
         with anyio.fail_after(self.request_timeout):
             response: Any = await method(
                 *args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs
@@ -355,14 +377,7 @@ class DomainApi:
             finally:
                 response.release()
         if not 200 <= response.status < 300:
-            reason, message = str(response.status), body[:300].decode(errors="replace")
-            try:
-                decoded = json.loads(body)
-                reason = str(decoded.get("reason") or reason)
-                message = str(decoded.get("message") or message)
-            except (ValueError, AttributeError):
-                pass
-            raise ApiStatusError(response.status, reason, message)
+            raise status_error(response.status, body, response.headers)
         decoded = json.loads(body)
         if not isinstance(decoded, dict):
             raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")
