@@ -42,12 +42,11 @@ takes) turns the node's entry NotReady with the daemon's words; READY turns it b
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,47 +60,33 @@ from agent.dra import cdi as dra_cdi
 from agent.dra.config import ConfigError, parse_allocation
 from agent.errors import AgentError
 from agent.hardware.hostfiles import HostFiles
-from agent.imex import metrics
+from agent.imex import channel_checkpoint, metrics
 from agent.imex.cdi import CHANNELS_MAJOR_NAME, channel_spec, channels_for
+from agent.imex.channel_checkpoint import (
+    CHECKPOINT_FILE,
+    COMPLETED,
+    STARTED,
+    ChannelClaim,
+)
 from agent.imex.config import DRIVER, AllocationMode, channel_config_for
 from agent.imex.daemon import ImexDaemon
 from agent.imex.daemon_files import kill_leftover
-from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref, node_entries
+from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref
 from agent.imex.fabric import CHANNEL_DEVICE, Clique
+from agent.imex.membership import Membership, StatusMembership
 from agent.kube.claims import ClaimReader
 from agent.node.cdi import CdiSpecDirectory
-from agent.node.durable import NodeLock, clean_temporaries, write_atomic
+from agent.node.durable import NodeLock, clean_temporaries
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "gpu-dra-agent.lock"
-STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
 
 
 class ChannelRefused(AgentError):
     """This channel claim cannot be prepared now; the message says why."""
-
-
-@dataclass(frozen=True)
-class ChannelClaim:
-    """One checkpoint entry: the claim, its domain, its channels and how far it got."""
-
-    uid: str
-    namespace: str
-    name: str
-    request: str
-    domain_namespace: str
-    domain_name: str
-    domain_uid: str
-    mode: str
-    state: str
-
-    @property
-    def domain(self) -> DomainRef:
-        return DomainRef(self.domain_namespace, self.domain_name, self.domain_uid)
 
 
 class ChannelEngine:
@@ -119,6 +104,7 @@ class ChannelEngine:
         claim_reader: ClaimReader,
         domains: DomainApi,
         daemon: ImexDaemon,
+        membership: Membership | None = None,
         ready_timeout_s: float = 20.0,
         follow_interval_s: float = 1.0,
         not_ready_grace_s: float = 5.0,
@@ -134,6 +120,7 @@ class ChannelEngine:
         self._host = HostFiles(Path(host_root))
         self._reader = claim_reader
         self._domains = domains
+        self._members = membership or StatusMembership(domains)
         self._specs = CdiSpecDirectory(Path(cdi_root), DRIVER)
         self._path = self.plugin_dir / CHECKPOINT_FILE
         self._node_lock = NodeLock(self.plugin_dir / LOCK_FILE)
@@ -320,10 +307,21 @@ class ChannelEngine:
                     "imex.allocation_mode": str(config.allocation_mode),
                 }
             )
-            with _status_write(subject, domain, "joining it"):
-                joined, added = await self._domains.join(
+            with (
+                _status_write(subject, domain, "joining it"),
+                tracer().start_as_current_span("imex.domain.join") as join_span,
+            ):
+                result = await self._members.join(
                     domain, self.node_name, self.node_ip, self.clique.clique
                 )
+                join_span.set_attributes(
+                    {
+                        "attempts": result.attempts,
+                        "conflicts": result.conflicts,
+                        "imex.node.index": result.entry.index,
+                    }
+                )
+            joined, added = result.entry, result.added
             crash_point("after-domain-join")
             span.set_attribute("imex.node.index", joined.index)
             if added:
@@ -371,12 +369,8 @@ class ChannelEngine:
 
     async def _render(self, domain: DomainRef) -> bool:
         """Render the config from the domain's nodes in this clique; True if it changed."""
-        stored = await self._domains.get(domain.namespace, domain.name)
-        peers = [
-            e.ip_address
-            for e in sorted(node_entries(stored), key=lambda e: e.index)
-            if e.clique == self.clique.clique
-        ]
+        clique = self.clique.clique or ""
+        peers = [e.ip_address for e in await self._members.peers(domain, clique)]
         if self.node_ip not in peers:
             peers.append(self.node_ip)
         trace.get_current_span().set_attribute("imex.peers", len(peers))
@@ -385,10 +379,13 @@ class ChannelEngine:
         )
 
     async def _report(self, domain: DomainRef, ready: bool, said: str) -> None:
+        clique = self.clique.clique or ""
         if ready:
-            await self._domains.report(domain, self.node_name, True, "DaemonReady", said)
+            await self._members.report(domain, self.node_name, clique, True, "DaemonReady", said)
         else:
-            await self._domains.report(domain, self.node_name, False, "DaemonNotReady", said)
+            await self._members.report(
+                domain, self.node_name, clique, False, "DaemonNotReady", said
+            )
             if self._reported is not False:
                 await self._domains.event(
                     domain, "Warning", "IMEXDaemonNotReady", f"node {self.node_name}: {said}"
@@ -444,7 +441,7 @@ class ChannelEngine:
         if not others:  # the node's last claim of the domain
             await self.daemon.stop(entry.domain_uid)
             crash_point("channel-unprepare-after-daemon-stop")
-            if await self._domains.leave(entry.domain, self.node_name):
+            if await self._members.leave(entry.domain, self.node_name, self.clique.clique or ""):
                 metrics.domain_change("leave")
                 await self._domains.event(
                     entry.domain, "Normal", "NodeLeft", f"node {self.node_name} left"
@@ -496,24 +493,10 @@ class ChannelEngine:
         self.claims = claims
 
     def _save(self, claims: dict[str, ChannelClaim]) -> None:
-        document = {
-            "kind": "ComputeDomainChannelCheckpoint",
-            "version": 1,
-            "claims": {uid: asdict(c) for uid, c in sorted(claims.items())},
-        }
-        write_atomic(self._path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
+        channel_checkpoint.save(self._path, claims)
 
     def _load(self) -> dict[str, ChannelClaim]:
-        try:
-            document = json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as error:
-            broken = self._path.with_name(f"{CHECKPOINT_FILE}.corrupt")
-            self._path.replace(broken)
-            log.error("the channel checkpoint was unreadable (%s); moved to %s", error, broken)
-            return {}
-        return {uid: ChannelClaim(**item) for uid, item in document.get("claims", {}).items()}
+        return channel_checkpoint.load(self._path)
 
     def _write_spec(self, entry: ChannelClaim) -> None:
         major = self._host.device_majors().get(CHANNELS_MAJOR_NAME)
@@ -530,7 +513,7 @@ class ChannelEngine:
 
 def served_claims(engine: ChannelEngine) -> dict[str, Any]:
     """The engine's entries as JSON (for logs and tests)."""
-    return {uid: asdict(c) for uid, c in engine.claims.items()}
+    return channel_checkpoint.as_json(engine.claims)
 
 
 @contextmanager

@@ -254,6 +254,19 @@ class Cluster:
         )
 
 
+async def settled_members(
+    cluster: Cluster, name: str, names: Sequence[str], namespace: str = NAMESPACE
+) -> None:
+    """Wait until the domain's ``status.nodes`` (the controller's copy of its cliques) names
+    exactly ``names``."""
+
+    def check() -> bool:
+        nodes = (cluster.domain(name, namespace).get("status") or {}).get("nodes") or []
+        return sorted(n["name"] for n in nodes) == sorted(names)
+
+    await eventually(check, what=f"the members of {namespace}/{name} to be {list(names)}")
+
+
 async def eventually(check: Any, *, what: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109
     with anyio.move_on_after(timeout):
         while not check():  # noqa: ASYNC110 - files and API objects of other processes
