@@ -352,14 +352,10 @@ class DomainApi:
 
     async def call(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
         """One call as plain JSON, bounded by the request timeout; a 429 (or an answer with
-        ``Retry-After``) and, for reads, a transient failure are retried at most 3 times
+        ``Retry-After``) or a refused connection is retried at most 3 times
         (:mod:`agent.kube.throttle`)."""
-        name = getattr(method, "__name__", "")
-        idempotent = name.startswith(("get_", "list_", "read_"))
         return await call_with_retries(
-            partial(self._send, method, *args, **kwargs),
-            idempotent=idempotent,
-            on_retry=self._retried,
+            partial(self._send, method, *args, **kwargs), on_retry=self._retried
         )
 
     def _retried(self, error: BaseException, delay: float) -> None:

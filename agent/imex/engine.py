@@ -165,6 +165,7 @@ class ChannelEngine:
         """The daemon's supervision and the follower of the served domain, until cancelled."""
         async with anyio.create_task_group() as group:
             await group.start(partial(self.daemon.run, keep=self._holds))
+            group.start_soon(self._members.run)
             domain = self._served()
             if domain is not None:
                 try:

@@ -18,6 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import anyio
+
+from agent.imex.clique_watch import CliqueWatch
 from agent.imex.cliques import CliqueApi, clique_name, daemon_entries, with_joined
 from agent.imex.documents import DomainRef, NodeEntry, NodeStatus, node_entries
 from agent.imex.domains import DomainApi
@@ -36,6 +39,10 @@ class Joined:
 
 
 class Membership(Protocol):
+    async def run(self) -> None:
+        """What the membership keeps running while the engine runs (a watch), until cancelled."""
+        ...
+
     async def join(self, domain: DomainRef, node: str, ip: str, clique: str) -> Joined: ...
 
     async def report(
@@ -50,9 +57,19 @@ class Membership(Protocol):
 
 
 class CliqueMembership:
-    def __init__(self, domains: DomainApi, cliques: CliqueApi) -> None:
+    def __init__(
+        self, domains: DomainApi, cliques: CliqueApi, watch: CliqueWatch | None = None
+    ) -> None:
         self.domains = domains
         self.cliques = cliques
+        #: the node's own clique, followed by a watch once it is asked for (no polling)
+        self.watch = watch
+
+    async def run(self) -> None:
+        if self.watch is None:
+            await anyio.sleep_forever()
+        else:
+            await self.watch.run()
 
     async def join(self, domain: DomainRef, node: str, ip: str, clique: str) -> Joined:
         found: list[tuple[NodeEntry, bool]] = []
@@ -91,10 +108,18 @@ class CliqueMembership:
             return kept if removed[0] else None
 
         await self.cliques.update(domain, clique, change, create=False)
+        if self.watch is not None:
+            self.watch.follow(None)
         return removed[0]
 
     async def peers(self, domain: DomainRef, clique: str) -> list[NodeEntry]:
-        found = await self.cliques.get(clique_name(domain.uid, clique))
+        name = clique_name(domain.uid, clique)
+        if self.watch is not None:
+            self.watch.follow(name)
+            cached = self.watch.members(name)
+            if cached is not None:
+                return cached
+        found = await self.cliques.get(name)
         return sorted(daemon_entries(found), key=lambda e: e.index)
 
 
@@ -103,6 +128,9 @@ class StatusMembership:
 
     def __init__(self, domains: DomainApi) -> None:
         self.domains = domains
+
+    async def run(self) -> None:
+        await anyio.sleep_forever()
 
     async def join(self, domain: DomainRef, node: str, ip: str, clique: str) -> Joined:
         before = self.domains.conflicts

@@ -24,6 +24,7 @@ import anyio
 from agent.config import AgentConfig
 from agent.hardware.inventory import Inventory
 from agent.imex import metrics
+from agent.imex.clique_watch import CliqueWatch
 from agent.imex.cliques import CliqueApi
 from agent.imex.config import DRIVER
 from agent.imex.daemon import ImexDaemon
@@ -87,7 +88,11 @@ async def serve_compute_domains(
     )
     domains = DomainApi(api_client, request_timeout=config.api_timeout_s)
     membership: Membership = (
-        CliqueMembership(domains, CliqueApi(api_client, domains.call, config.namespace))
+        CliqueMembership(
+            domains,
+            CliqueApi(api_client, domains.call, config.namespace),
+            CliqueWatch(api_client, config.namespace, request_timeout=config.api_timeout_s),
+        )
         if config.membership == "cliques"
         else StatusMembership(domains)
     )

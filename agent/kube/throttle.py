@@ -9,9 +9,10 @@ throttled together do not all come back in the same instant, and retries at most
 
 What is retried: a 429, and any answer with ``Retry-After`` (a 503 of a server shutting
 down): the server says it did not do the request. A refused connection is retried too (the
-request never left). A read (``idempotent``) is also retried after a timeout, a dropped
-connection or a 5xx; a write is not, since it may have been stored: its caller decides (a
-write with a ``resourceVersion`` that did land answers the next try with 409).
+request never left: an API server restarting). Nothing else: a timeout, a dropped connection
+or a 5xx goes to the caller, whose own loop decides (a write may have been stored; a write
+with a ``resourceVersion`` that did land answers the next try with 409), so that a slow
+server is given up on after one timeout, not four.
 """
 
 from __future__ import annotations
@@ -31,15 +32,11 @@ T = TypeVar("T")
 MAX_RETRIES = 3
 
 
-def worth_retrying(error: BaseException, *, idempotent: bool) -> bool:
-    """Whether ``error`` says the request was not done and may be sent again."""
+def worth_retrying(error: BaseException) -> bool:
+    """Whether ``error`` says the request was not done and may be sent again at once."""
     if isinstance(error, ApiStatusError):
-        if error.code == 429 or error.retry_after is not None:
-            return True
-        return idempotent and error.code in (500, 502, 503, 504)
-    if isinstance(error, aiohttp.ClientConnectorError):
-        return True  # refused or unreachable: nothing was sent
-    return idempotent and isinstance(error, TimeoutError | aiohttp.ClientError)
+        return error.code == 429 or error.retry_after is not None
+    return isinstance(error, aiohttp.ClientConnectorError)  # refused: nothing was sent
 
 
 def retry_delay(error: BaseException, backoff: Backoff, rng: random.Random) -> float:
@@ -55,7 +52,6 @@ def retry_delay(error: BaseException, backoff: Backoff, rng: random.Random) -> f
 async def call_with_retries(
     send: Callable[[], Awaitable[T]],
     *,
-    idempotent: bool,
     retries: int = MAX_RETRIES,
     backoff: Backoff | None = None,
     rng: random.Random | None = None,
@@ -69,7 +65,7 @@ async def call_with_retries(
         try:
             return await send()
         except Exception as error:
-            if attempt == retries or not worth_retrying(error, idempotent=idempotent):
+            if attempt == retries or not worth_retrying(error):
                 raise
             delay = retry_delay(error, backoff, rng)
             if on_retry is not None:

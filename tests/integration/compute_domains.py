@@ -27,6 +27,8 @@ from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 
 TRAY = "gb200-nvl72-tray"
 NAMESPACE = "default"
+#: where the agents keep their ComputeDomainCliques (their --namespace default)
+DRIVER_NAMESPACE = "gpu-dra-agent"
 START_TIMEOUT = 40.0
 READY_TIMEOUT_S = 4
 

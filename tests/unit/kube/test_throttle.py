@@ -23,14 +23,12 @@ DOMAINS = "/apis/resource.nvidia.com/v1beta1/namespaces/default/computedomains*"
 
 def test_what_is_worth_retrying() -> None:
     throttled = ApiStatusError(429, "TooManyRequests", "", retry_after=1)
-    assert worth_retrying(throttled, idempotent=False)
-    assert worth_retrying(ApiStatusError(503, "x", "", retry_after=2), idempotent=False)
-    assert not worth_retrying(ApiStatusError(503, "x", ""), idempotent=False)
-    assert worth_retrying(ApiStatusError(503, "x", ""), idempotent=True)
-    assert not worth_retrying(ApiStatusError(409, "Conflict", ""), idempotent=True)
-    assert not worth_retrying(TimeoutError(), idempotent=False)
-    assert worth_retrying(TimeoutError(), idempotent=True)
-    assert not worth_retrying(ValueError(), idempotent=True)
+    assert worth_retrying(throttled)
+    assert worth_retrying(ApiStatusError(503, "x", "", retry_after=2))
+    assert not worth_retrying(ApiStatusError(503, "x", ""))
+    assert not worth_retrying(ApiStatusError(409, "Conflict", ""))
+    assert not worth_retrying(TimeoutError())
+    assert not worth_retrying(ValueError())
 
 
 def test_retry_after_is_a_lower_bound_with_jitter_on_top() -> None:
@@ -51,7 +49,7 @@ async def test_at_most_three_retries() -> None:
         raise ApiStatusError(429, "TooManyRequests", "", retry_after=0)
 
     with pytest.raises(ApiStatusError):
-        await call_with_retries(send, idempotent=True, rng=random.Random(0))
+        await call_with_retries(send, rng=random.Random(0))
     assert sent == MAX_RETRIES + 1 == 4
 
 
@@ -82,7 +80,7 @@ async def test_the_domain_api_waits_for_retry_after(
         assert failed.value.code == 429
         gets = [r for r in apiserver.requests.records("GET") if "computedomains" in r.path]
         assert len(gets) == 3 + 4  # the first call: 2 throttled + 1; the second: 4 sends
-        # a write that got no answer in time is not sent again (it may be stored)
+        # a write whose connection dropped is not sent again (it may be stored)
         templates = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"
         apiserver.faults.drop_next("POST", templates)
         with pytest.raises(aiohttp.ClientError):
