@@ -97,3 +97,18 @@ async def test_counts_over_http_and_a_restart_keeps_the_objects(
         async with http.get(apiserver.url + SLICES) as listed:
             names = [i["metadata"]["name"] for i in (await listed.json())["items"]]
     assert names == ["s1"]
+
+
+async def test_an_observer_reads_objects_without_being_counted(
+    apiserver: EmbeddedApiServer,
+) -> None:
+    async with aiohttp.ClientSession(base_url=apiserver.url) as http:
+        async with http.post(SLICES, json=slice_body(name="s1", team="a")) as created:
+            assert created.status == 201
+        before = apiserver.counts.snapshot()
+        params = {"kind": "resourceslices", "labelSelector": "team=a"}
+        async with http.get("/debug/embedded/objects", params=params) as answer:
+            assert [i["metadata"]["name"] for i in (await answer.json())["items"]] == ["s1"]
+        async with http.get("/debug/embedded/objects", params={"kind": "nope"}) as answer:
+            assert answer.status == 400
+        assert apiserver.counts.snapshot() == before
