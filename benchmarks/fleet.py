@@ -28,6 +28,7 @@ import argparse
 import sys
 import tempfile
 import time
+import traceback
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -47,8 +48,9 @@ from benchmarks.fleet_cluster import (
 from benchmarks.fleet_goals import Row, goals_for, render
 from benchmarks.fleet_scenarios import delete_domain, form
 
+#: the controller's requests: its Lease, and each resync's lists and template reads
 CONTROLLER_ROWS = {("get", "leases"), ("update", "leases"), ("list", "computedomains"),
-                   ("list", "computedomaincliques")}  # fmt: skip
+                   ("list", "computedomaincliques"), ("get", "resourceclaimtemplates")}  # fmt: skip
 
 
 def split_controller(
@@ -161,6 +163,22 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
     return 1 if failed else 0
 
 
+def leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside nested exception groups (a task group's failure)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+    return [error]
+
+
+def run_reporting(args: argparse.Namespace, workdir: Path) -> int:
+    try:
+        return anyio.run(run, args, workdir)
+    except BaseExceptionGroup as group:
+        for leaf in leaves(group):
+            traceback.print_exception(leaf)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -177,9 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--nodes / --cliques: at least 2 nodes, at most {MAX_DAEMONS} per clique")
     if args.workdir is not None:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        return anyio.run(run, args, args.workdir)
+        return run_reporting(args, args.workdir)
     with tempfile.TemporaryDirectory(prefix="fleet-", dir="/tmp") as folder:
-        return anyio.run(run, args, Path(folder))
+        return run_reporting(args, Path(folder))
 
 
 if __name__ == "__main__":

@@ -271,7 +271,9 @@ class Fleet:
             async with limiter:
                 created = await create_and_allocate_claim(access, manifest, node.name)
             meta = created["metadata"]
-            found[node.name] = ClaimRef(meta["namespace"], meta["name"], meta["uid"])
+            found[node.name] = ClaimRef(
+                namespace=meta["namespace"], name=meta["name"], uid=meta["uid"]
+            )
 
         async with anyio.create_task_group() as group:
             for node in self.nodes:

@@ -25,7 +25,7 @@ from benchmarks.fleet_cluster import (
 from benchmarks.fleet_goals import Row
 
 RETRY_S = 0.5  # the "kubelet" retries a failed prepare after this long
-FORMATION_TIMEOUT_S = 120
+FORMATION_TIMEOUT_S = 60
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Formation:
     requests: str = ""
     total_requests: int = 0
     kill: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # node -> its last prepare error
 
     def rows(self, nodes: int) -> list[Row]:
         per_node = sorted(self.answered.values())
@@ -69,7 +70,7 @@ class Formation:
         return {
             "answered": self.answered, "tries": self.tries, "ready_s": self.ready_s,
             "last_s": self.last_s, "conflicts": self.conflicts, "throttled": self.throttled,
-            "requests": self.requests, "kill": self.kill,
+            "requests": self.requests, "kill": self.kill, "errors": self.errors,
         }  # fmt: skip
 
 
@@ -100,6 +101,7 @@ async def form(fleet: Fleet, name: str, *, kill: FleetNode | None = None) -> For
             if not error:
                 formation.answered[node.name] = time.monotonic() - started
                 return
+            formation.errors[node.name] = error
             if node is kill and not killed.is_set():
                 await killed.wait()
             await anyio.sleep(RETRY_S)
@@ -126,13 +128,19 @@ async def form(fleet: Fleet, name: str, *, kill: FleetNode | None = None) -> For
         killed.set()
         await fleet.start_agent(node)
 
-    with anyio.fail_after(FORMATION_TIMEOUT_S):
+    with anyio.move_on_after(FORMATION_TIMEOUT_S) as deadline:
         async with anyio.create_task_group() as group:
             group.start_soon(watch_ready)
             if kill is not None:
                 group.start_soon(kill_once_joined, kill)
             for node in fleet.nodes:
                 group.start_soon(prepare, node)
+    if deadline.cancelled_caught:
+        missing = {n.name for n in fleet.nodes} - set(formation.answered)
+        raise TimeoutError(
+            f"{name} did not form in {FORMATION_TIMEOUT_S} s: no answer for {sorted(missing)}; "
+            f"last errors: {formation.errors}; domain status: {await fleet.domain_status(name)}"
+        )
     formation.last_s = max(formation.answered.values())
     delta = counts_delta(await fleet.counts(), before)
     formation.total_requests = sum(delta.values())
