@@ -164,6 +164,14 @@ async def check_kill(fleet: Fleet, formation: Formation) -> None:
     formation.kill["bad_daemons"] = sum(1 for count in per_node.values() if count != 1)
 
 
+async def leftovers(fleet: Fleet, formation: Formation) -> bool:
+    """Whether a daemon, a clique or the domain of ``formation`` is left."""
+    if imex_daemons(fleet.workdir) or await cliques_of(fleet, formation.uid):
+        return True
+    domains = await fleet.objects("computedomains", NAMESPACE)
+    return any(d["metadata"]["name"] == formation.name for d in domains)
+
+
 async def delete_domain(fleet: Fleet, formation: Formation) -> float:
     """Delete the domain and its pods (each node's claim unprepared); seconds until every
     daemon stopped, every clique and the domain are gone."""
@@ -185,17 +193,8 @@ async def delete_domain(fleet: Fleet, formation: Formation) -> float:
         for node in fleet.nodes:
             group.start_soon(unprepare, node)
     with anyio.fail_after(60):
-        while (
-            imex_daemons(fleet.workdir)
-            or await cliques_of(fleet, formation.uid)
-            or await fleet.domain_status(formation.name)
-            or [
-                d
-                for d in await fleet.objects("computedomains", NAMESPACE)
-                if d["metadata"]["name"] == formation.name
-            ]
-        ):
-            await anyio.sleep(0.05)  # noqa: ASYNC110 - other processes
+        while await leftovers(fleet, formation):  # noqa: ASYNC110 - other processes
+            await anyio.sleep(0.05)
     took = time.monotonic() - started
     access = ApiAccess(fleet.url, "embedded-apiserver-token")
     for claim in formation.claims.values():

@@ -73,6 +73,7 @@ from agent.imex.daemon import ImexDaemon
 from agent.imex.daemon_files import kill_leftover
 from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref
 from agent.imex.fabric import CHANNEL_DEVICE, Clique
+from agent.imex.follower import DomainFollower
 from agent.imex.membership import Membership, StatusMembership
 from agent.kube.claims import ClaimReader
 from agent.node.cdi import CdiSpecDirectory
@@ -108,6 +109,7 @@ class ChannelEngine:
         ready_timeout_s: float = 20.0,
         follow_interval_s: float = 1.0,
         not_ready_grace_s: float = 5.0,
+        settle_s: float = 2.0,
     ) -> None:
         self.driver = DRIVER
         self.node_name = node_name
@@ -126,10 +128,16 @@ class ChannelEngine:
         self._node_lock = NodeLock(self.plugin_dir / LOCK_FILE)
         self._lock = anyio.Lock()
         self.claims: dict[str, ChannelClaim] = {}
-        self._reported: bool | None = None  # what the follower last wrote for this node
-        self._not_ready_since: float | None = None
-        #: how long the follower lets the daemon be not READY before the node is NotReady
-        self.not_ready_grace_s = not_ready_grace_s
+        self._follower = DomainFollower(
+            node_name=node_name,
+            node_ip=node_ip,
+            clique=clique.clique or "",
+            daemon=daemon,
+            members=self._members,
+            domains=domains,
+            not_ready_grace_s=not_ready_grace_s,
+            settle_s=settle_s,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -350,48 +358,11 @@ class ChannelEngine:
             crash_point("after-channel-prepare-completed")
         return self._answer(entry)
 
-    async def _configure(self, domain: DomainRef, *, traced: bool = True) -> None:
-        """Render the daemon's config from the domain's nodes in this clique; (re)start it.
-
-        ``traced=False`` (the follower's check every second) records no span unless the
-        config changed: an idle node exports no trace per second."""
-        if not traced:
-            with trace.use_span(trace.INVALID_SPAN):
-                changed = await self._render(domain)
-            if changed:
-                with tracer().start_as_current_span("imex.daemon.configure") as span:
-                    span.set_attributes(
-                        {"imex.domain.uid": domain.uid, "imex.config.changed": True}
-                    )
-            return
-        with tracer().start_as_current_span("imex.daemon.configure") as span:
-            changed = await self._render(domain)
-            span.set_attributes({"imex.domain.uid": domain.uid, "imex.config.changed": changed})
-
-    async def _render(self, domain: DomainRef) -> bool:
-        """Render the config from the domain's nodes in this clique; True if it changed."""
-        clique = self.clique.clique or ""
-        peers = [e.ip_address for e in await self._members.peers(domain, clique)]
-        if self.node_ip not in peers:
-            peers.append(self.node_ip)
-        trace.get_current_span().set_attribute("imex.peers", len(peers))
-        return await self.daemon.configure(
-            domain.uid, self.node_ip, peers, adopt=self._holds(domain.uid)
-        )
+    async def _configure(self, domain: DomainRef) -> None:
+        await self._follower.configure(domain, adopt=self._holds(domain.uid))
 
     async def _report(self, domain: DomainRef, ready: bool, said: str) -> None:
-        clique = self.clique.clique or ""
-        if ready:
-            await self._members.report(domain, self.node_name, clique, True, "DaemonReady", said)
-        else:
-            await self._members.report(
-                domain, self.node_name, clique, False, "DaemonNotReady", said
-            )
-            if self._reported is not False:
-                await self._domains.event(
-                    domain, "Warning", "IMEXDaemonNotReady", f"node {self.node_name}: {said}"
-                )
-        self._reported = ready
+        await self._follower.report(domain, ready, said)
 
     def _answer(self, entry: ChannelClaim) -> ClaimPrepareResult:
         device = PreparedDeviceResult(
@@ -448,7 +419,7 @@ class ChannelEngine:
                     entry.domain, "Normal", "NodeLeft", f"node {self.node_name} left"
                 )
             crash_point("channel-unprepare-after-domain-leave")
-            self._reported = None
+            self._follower.forget()
         await anyio.to_thread.run_sync(self._specs.remove_claim, entry.uid)
         crash_point("channel-unprepare-after-cdi-remove")
         claims = {uid: c for uid, c in self.claims.items() if uid != entry.uid}
@@ -464,26 +435,13 @@ class ChannelEngine:
         async with self._lock:
             if self._served() != domain:
                 return
+            completed = any(c.state == COMPLETED for c in self.claims.values())
             try:
-                await self._configure(domain, traced=False)
+                await self._follower.check(
+                    domain, adopt=self._holds(domain.uid), completed=completed
+                )
             except DomainError as error:
                 log.warning("the served ComputeDomain is gone: %s", error)
-                return
-            if self.daemon.status.state != "running":
-                ready, said = False, f"the IMEX daemon is {self.daemon.status.state}"
-            else:
-                ready, said = await self.daemon.query(domain.uid)
-            now = anyio.current_time()
-            if ready:
-                self._not_ready_since = None
-            else:  # a restart for a changed node list is no failure: report after a grace
-                since = self._not_ready_since = self._not_ready_since or now
-                if now - since < self.not_ready_grace_s:
-                    return
-            if self._reported is None or ready != self._reported:
-                completed = any(c.state == COMPLETED for c in self.claims.values())
-                if completed or ready is False:
-                    await self._report(domain, ready, said)
 
     # -- the checkpoint -------------------------------------------------------------------
 
