@@ -158,10 +158,20 @@ async def check_kill(fleet: Fleet, formation: Formation) -> None:
     mine = [e.index for e in entries if e.name == formation.kill["node"]]
     formation.kill["kept"] = mine == [formation.kill["index"]]
     formation.kill["duplicates"] = len(names) - len(set(names))
-    daemons = imex_daemons(fleet.workdir)
-    per_node = {n.name: sum(1 for c in daemons.values() if c.startswith(f"{n.root}/"))
-                for n in fleet.nodes}  # fmt: skip
-    formation.kill["bad_daemons"] = sum(1 for count in per_node.values() if count != 1)
+    # a daemon restarting for its settled node list may be gone or not yet replaced for a
+    # moment: the count must come to one per node within a few seconds, never stay at two
+    bad: list[str] = []
+    with anyio.move_on_after(10):
+        while True:
+            daemons = imex_daemons(fleet.workdir)
+            per_node = {n.name: sum(1 for c in daemons.values() if c.startswith(f"{n.root}/"))
+                        for n in fleet.nodes}  # fmt: skip
+            bad = [f"{name}: {count}" for name, count in per_node.items() if count != 1]
+            if not bad:
+                break
+            await anyio.sleep(0.2)
+    formation.kill["bad_daemons"] = len(bad)
+    formation.kill["bad_daemon_nodes"] = bad
 
 
 async def leftovers(fleet: Fleet, formation: Formation) -> bool:

@@ -61,6 +61,12 @@ class CliqueWatch:
             self._cache.clear()
             self._changed.set()
 
+    def daemons(self, name: str) -> list[NodeEntry] | None:
+        """The daemons of clique ``name`` in the object's order; None when not known."""
+        if name != self._wanted or name not in self._cache:
+            return None
+        return daemon_entries(self._cache[name])
+
     def members(self, name: str) -> list[NodeEntry] | None:
         """The daemons of clique ``name`` as the watch last saw them; None when not known."""
         if name != self._wanted or name not in self._cache:

@@ -145,6 +145,28 @@ class CliqueApi:
             raise
         return True
 
+    async def set_status(self, domain: DomainRef, clique: str, node: str, position: int,
+                         status: str) -> bool:  # fmt: skip
+        """Set the status of ``node``'s entry, known to be at ``position`` of ``daemons``, with
+        a JSON patch whose ``test`` checks that it still is: no resourceVersion, so the other
+        nodes' writes to the clique cause no conflict. False when the test failed (the list
+        moved: the caller falls back to :meth:`update`)."""
+        patch = [
+            {"op": "test", "path": f"/daemons/{position}/nodeName", "value": node},
+            {"op": "replace", "path": f"/daemons/{position}/status", "value": status},
+        ]
+        try:
+            await self._call(
+                self._custom.patch_namespaced_custom_object,
+                GROUP, VERSION, self.namespace, CLIQUE_PLURAL, clique_name(domain.uid, clique),
+                patch, _content_type="application/json-patch+json",
+            )  # fmt: skip
+        except ApiStatusError as error:
+            if error.code in (404, 409, 422):  # gone, or the entry is no longer there
+                return False
+            raise
+        return True
+
     async def update(
         self,
         domain: DomainRef,

@@ -87,7 +87,25 @@ class CliqueMembership:
         self, domain: DomainRef, node: str, clique: str, ready: bool, reason: str, message: str
     ) -> None:
         status: NodeStatus = "Ready" if ready else "NotReady"
+        if not await self._patched(domain, node, clique, status):
+            await self._update_status(domain, node, clique, status)
+        if not ready:  # the daemon's words go where users look: the domain's conditions
+            await self.domains.report(domain, node, False, reason, message)
 
+    async def _patched(self, domain: DomainRef, node: str, clique: str, status: str) -> bool:
+        """The status written by a conflict-free patch at the entry's position as the watch
+        last saw it; False when the watch does not know it (the caller updates instead)."""
+        if self.watch is None:
+            return False
+        known = self.watch.daemons(clique_name(domain.uid, clique))
+        position = next((i for i, e in enumerate(known or []) if e.name == node), None)
+        if position is None:
+            return False
+        return await self.cliques.set_status(domain, clique, node, position, status)
+
+    async def _update_status(
+        self, domain: DomainRef, node: str, clique: str, status: NodeStatus
+    ) -> None:
         def change(daemons: list[NodeEntry]) -> list[NodeEntry] | None:
             mine = next((e for e in daemons if e.name == node), None)
             if mine is None or mine.status == status:
@@ -96,8 +114,6 @@ class CliqueMembership:
             return [updated if e.name == node else e for e in daemons]
 
         await self.cliques.update(domain, clique, change, create=False)
-        if not ready:  # the daemon's words go where users look: the domain's conditions
-            await self.domains.report(domain, node, False, reason, message)
 
     async def leave(self, domain: DomainRef, node: str, clique: str) -> bool:
         removed: list[bool] = [False]
