@@ -60,6 +60,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def cpu_with_children(pid: int) -> float:
+    """CPU seconds of a process and of its children it has reaped (an agent's IMEX daemons
+    and nvidia-imex-ctl runs)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / CLK_TCK
+
+
 def rss_mb(pid: int) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -118,6 +128,19 @@ class Fleet:
     async def counts(self) -> dict[tuple[str, str, int], int]:
         rows = (await self.debug("requests"))["counts"]
         return {(r["verb"], r["resource"], r["code"]): r["count"] for r in rows}
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far: the agents (with their reaped daemons and tools), the API
+        server, the controller, this process (the kubelet emulators); a difference of two
+        readings says where a scenario's CPU went."""
+        agents = sum(cpu_with_children(n.process.pid) for n in self.nodes if n.process)
+        times = os.times()
+        return {
+            "agents": agents,
+            "apiserver": cpu_seconds(self.server.pid) if self.server else 0.0,
+            "controller": cpu_seconds(self.controller.pid) if self.controller else 0.0,
+            "kubelets": times.user + times.system,
+        }
 
     async def open_watches(self) -> int:
         return int((await self.debug("requests"))["openWatches"])

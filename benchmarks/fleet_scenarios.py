@@ -43,6 +43,7 @@ class Formation:
     total_requests: int = 0
     kill: dict[str, Any] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # node -> its last prepare error
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds of the formation
 
     def rows(self, nodes: int) -> list[Row]:
         per_node = sorted(self.answered.values())
@@ -55,6 +56,9 @@ class Formation:
             Row("formation: API requests", self.total_requests, "req"),
             Row("formation: 409 Conflict answers", self.conflicts, "n"),
             Row("formation: 429 TooManyRequests answers", self.throttled, "n"),
+            Row("formation: CPU, agents (with daemons)", self.cpu.get("agents", 0.0), "s"),
+            Row("formation: CPU, API server", self.cpu.get("apiserver", 0.0), "s"),
+            Row("formation: CPU, kubelet emulators", self.cpu.get("kubelets", 0.0), "s"),
         ]
 
     def kill_rows(self) -> list[Row]:
@@ -70,7 +74,7 @@ class Formation:
         return {
             "answered": self.answered, "tries": self.tries, "ready_s": self.ready_s,
             "last_s": self.last_s, "conflicts": self.conflicts, "throttled": self.throttled,
-            "requests": self.requests, "kill": self.kill, "errors": self.errors,
+            "requests": self.requests, "kill": self.kill, "errors": self.errors, "cpu": self.cpu,
         }  # fmt: skip
 
 
@@ -85,6 +89,7 @@ async def form(fleet: Fleet, name: str, *, kill: FleetNode | None = None) -> For
     uid = domain["metadata"]["uid"]
     formation = Formation(name, uid, await fleet.claims(domain))
     before = await fleet.counts()
+    cpu_before = fleet.cpu()
     started = time.monotonic()
     killed = anyio.Event()
 
@@ -142,6 +147,8 @@ async def form(fleet: Fleet, name: str, *, kill: FleetNode | None = None) -> For
             f"last errors: {formation.errors}; domain status: {await fleet.domain_status(name)}"
         )
     formation.last_s = max(formation.answered.values())
+    cpu_after = fleet.cpu()
+    formation.cpu = {k: cpu_after[k] - cpu_before[k] for k in cpu_after}
     delta = counts_delta(await fleet.counts(), before)
     formation.total_requests = sum(delta.values())
     formation.conflicts = sum(n for (_, _, code), n in delta.items() if code == 409)
