@@ -1,16 +1,13 @@
-"""ComputeDomains on the API server: find one by uid, join, report, leave; Events about it.
+"""ComputeDomains on the API server: find one by uid, its status, Events about it.
 
-Kubernetes is the only coordination between the nodes of a domain: membership is the list
-``status.nodes`` of the ComputeDomain, and every change is a read-modify-write of the status
-subresource carrying the ``resourceVersion`` that was read. A concurrent writer makes the API
-server answer 409 Conflict; the writer re-reads and tries again (bounded, with jitter), so N
-agents joining at once each get an index no other entry holds. A node's entry says where its
-IMEX daemon listens (``ipAddress``), its clique, its index and whether its daemon is Ready; a
-daemon that fails puts a condition ``IMEXDaemonReady.<node>`` with its message into the
-status, so the reason is visible on the domain (user-pain.md #11: NV #289).
-
-Calls go through kubernetes-asyncio's ``CustomObjectsApi`` on the shared ``ApiClient`` with
-``_preload_content=False``: plain JSON in and out, each call bounded by a timeout.
+The domain's ``status.nodes`` protocol (``--compute-domain-membership=status``): every node's
+join, report and leave is a read-modify-write of the status subresource with the
+``resourceVersion`` read; 409 means read again and retry (bounded, jittered), so concurrent
+joins get unique indices. With ComputeDomainCliques (the default, :mod:`agent.imex.cliques`)
+only a daemon that is not ready writes here: its ``IMEXDaemonReady.<node>`` condition, so the
+reason is visible on the domain (user-pain.md #11: NV #289). Calls are plain JSON through
+kubernetes-asyncio's ``CustomObjectsApi`` (``_preload_content=False``), each bounded by a
+timeout, 429s waited out (:mod:`agent.kube.throttle`).
 """
 
 from __future__ import annotations

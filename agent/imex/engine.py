@@ -16,8 +16,9 @@ Prepare of one claim (claims of a request one after another, under one lock):
    ``ComputeDomainChannelConfig`` (``agent.imex.config``); the node must have a clique;
 2. find the ComputeDomain by uid in the claim's namespace (another namespace: permanent
    error); refuse if this node serves another domain (one IMEX daemon per node);
-3. record ``PrepareStarted``; join the domain (``status.nodes`` entry, unique index);
-4. render the daemon's config (the domain's nodes in this clique) and (re)start the daemon;
+3. record ``PrepareStarted``; join the domain (``agent.imex.membership``: the node's entry,
+   unique index, in its clique's ComputeDomainClique);
+4. render the daemon's config (the nodes of this clique) and (re)start the daemon;
    wait for READY (``ready_timeout_s``, 20 s by default: well inside the kubelet's 45 s), else
    a retryable error with what the daemon said, also written into the domain's status;
 5. mark the node Ready in the domain, write the CDI spec (channel 0, or all for ``All``),
@@ -26,7 +27,7 @@ Prepare of one claim (claims of a request one after another, under one lock):
 Unprepare of the node's last claim of a domain stops the daemon and removes the node's entry.
 The steps of both end at the crash points ``ImexCrashPoint`` of ``agent.crash``: the crash
 matrix kills the agent at each and checks that the restart and the kubelet's retry leave one
-daemon, one ``status.nodes`` entry and one CDI spec per prepared domain, none otherwise. At
+daemon, one membership entry and one CDI spec per prepared domain, none otherwise. At
 start the engine keeps a ``PrepareStarted`` entry (the kubelet's retry finishes it, or its
 unprepare undoes it) and stops the daemon of a domain no entry serves. The daemon of a domain
 a completed claim holds is adopted when its config is unchanged (``agent.imex.daemon``: a
@@ -34,18 +35,14 @@ restart of the agent must not disrupt the IMEX domain of running jobs), restarte
 one of a domain only ``PrepareStarted`` entries serve is restarted. When the agent stops, the
 daemon of a domain a completed claim holds keeps running for the next agent.
 
-While a domain is served, :meth:`ChannelEngine.run` follows it every second: a node that
-joins or leaves changes the rendered config (the daemon restarts with it) and a daemon that
-is not READY for 5 s (``not_ready_grace_s``: longer than a restart for a changed node list
-takes) turns the node's entry NotReady with the daemon's words; READY turns it back at once.
+While a domain is served, :meth:`ChannelEngine.run` has :mod:`agent.imex.follower` follow it
+every second (the daemon's node list, readiness reports).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -70,11 +67,12 @@ from agent.imex.channel_checkpoint import (
 )
 from agent.imex.config import DRIVER, AllocationMode, channel_config_for
 from agent.imex.daemon import ImexDaemon
-from agent.imex.daemon_files import kill_leftover
+from agent.imex.daemon_files import sweep_domains
 from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref
 from agent.imex.fabric import CHANNEL_DEVICE, Clique
 from agent.imex.follower import DomainFollower
 from agent.imex.membership import Membership, StatusMembership
+from agent.imex.refusals import ChannelRefused, status_write
 from agent.kube.claims import ClaimReader
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.durable import NodeLock, clean_temporaries
@@ -84,10 +82,6 @@ from agent.telemetry.tracing import tracer
 log = logging.getLogger(__name__)
 
 LOCK_FILE = "gpu-dra-agent.lock"
-
-
-class ChannelRefused(AgentError):
-    """This channel claim cannot be prepared now; the message says why."""
 
 
 class ChannelEngine:
@@ -158,7 +152,7 @@ class ChannelEngine:
             for uid in self._specs.claim_uids() - owned:
                 self._specs.remove_claim(uid)
             served = {c.domain_uid for c in self.claims.values()}
-            await anyio.to_thread.run_sync(self._sweep_domains, served)
+            await anyio.to_thread.run_sync(sweep_domains, self.daemon.domains_dir, served)
         domain = self._served()
         if domain is not None:
             log.info(
@@ -187,24 +181,6 @@ class ChannelEngine:
                     await self._follow()
                 except Exception as error:  # logged, tried again next round
                     log.warning("following the served ComputeDomain failed: %s", error)
-
-    def _sweep_domains(self, served: set[str]) -> None:
-        """Temporaries out of every domain directory; a directory of a domain no entry
-        serves goes, after its leftover daemon is stopped."""
-        try:
-            directories = [p for p in self.daemon.domains_dir.iterdir() if p.is_dir()]
-        except FileNotFoundError:
-            return
-        for directory in directories:
-            clean_temporaries(directory)
-            if directory.name not in served:
-                stopped = kill_leftover(directory)
-                log.warning(
-                    "removing %s: no claim serves its ComputeDomain (stopped daemons: %s)",
-                    directory,
-                    stopped or "none",
-                )
-                shutil.rmtree(directory, ignore_errors=True)
 
     def _served(self) -> DomainRef | None:
         for claim in self.claims.values():
@@ -317,7 +293,7 @@ class ChannelEngine:
                 }
             )
             with (
-                _status_write(subject, domain, "joining it"),
+                status_write(subject, domain, "joining it"),
                 tracer().start_as_current_span("imex.domain.join") as join_span,
             ):
                 result = await self._members.join(
@@ -345,10 +321,10 @@ class ChannelEngine:
                 ready, said = await self.daemon.wait_ready(domain.uid, self.ready_timeout_s)
                 wait.set_attribute("imex.daemon.ready", ready)
             if not ready:
-                with _status_write(subject, domain, "reporting its daemon not ready"):
+                with status_write(subject, domain, "reporting its daemon not ready"):
                     await self._report(domain, False, said)
                 raise ChannelRefused(f"{subject}: {domain}: {said} (retried by the kubelet)")
-            with _status_write(subject, domain, "reporting its daemon ready"):
+            with status_write(subject, domain, "reporting its daemon ready"):
                 await self._report(domain, True, said)
             crash_point("after-domain-ready")
             entry = ChannelClaim(**{**asdict(entry), "state": COMPLETED})
@@ -473,18 +449,3 @@ class ChannelEngine:
 def served_claims(engine: ChannelEngine) -> dict[str, Any]:
     """The engine's entries as JSON (for logs and tests)."""
     return channel_checkpoint.as_json(engine.claims)
-
-
-@contextmanager
-def _status_write(subject: str, domain: DomainRef, what: str) -> Iterator[None]:
-    """An API failure while writing the domain's status becomes this claim's error, naming
-    the claim, the domain and the step (the bare "API server answered 429" named neither)."""
-    try:
-        yield
-    except (ChannelRefused, DomainError):
-        raise
-    except Exception as error:
-        raise ChannelRefused(
-            f"{subject}: {domain}: {what} failed: {str(error) or repr(error)} "
-            "(retried by the kubelet)"
-        ) from error
