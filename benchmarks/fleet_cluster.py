@@ -224,11 +224,21 @@ class Fleet:
             "--node-ip", node.address, "--compute-domains", "on",
             "--health-monitoring", "false", "--sim-fabric-dir", str(self.workdir / "fabric"),
         )  # fmt: skip
-        node.process = await start_agent(command, node.root / f"agent-{node.starts}.log")
-        if wait:
+        process = node.process = await start_agent(command, node.root / f"agent-{node.starts}.log")
+        if not wait:
+            return
+        async with anyio.create_task_group() as group:
+
+            async def exited() -> None:
+                await process.wait()
+                log = (node.root / f"agent-{node.starts}.log").read_text(errors="replace")
+                raise RuntimeError(f"the agent of {node.name} exited at start:\n{log[-2000:]}")
+
+            group.start_soon(exited)
             await node.kubelet.wait_event(
                 EventKind.REGISTERED, CD_DRIVER, count=registered + 1, timeout=300
             )
+            group.cancel_scope.cancel()
 
     async def kill_agent(self, node: FleetNode) -> None:
         assert node.process is not None
