@@ -177,10 +177,12 @@ class Fleet:
             stdout=log, stderr=log,
         )  # fmt: skip
         stack.push_async_callback(self._stop, self.server)
+        config: Any = None
         with anyio.fail_after(30):
-            while not self.kubeconfig.exists():  # noqa: ASYNC110 - another process writes it
+            while not isinstance(config, dict):  # another process writes it
                 await anyio.sleep(0.1)
-        config = yaml.safe_load(self.kubeconfig.read_text())
+                if self.kubeconfig.exists():
+                    config = yaml.safe_load(self.kubeconfig.read_text())
         self.url = config["clusters"][0]["cluster"]["server"]
         for device_class in default_device_classes():
             await self.post("/apis/resource.k8s.io/v1/deviceclasses", device_class)

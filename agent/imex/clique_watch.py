@@ -14,7 +14,6 @@ before that (or for another name) the caller reads the object itself.
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -24,7 +23,7 @@ import anyio
 from agent.imex.cliques import CLIQUE_PLURAL, daemon_entries
 from agent.imex.documents import GROUP, VERSION, NodeEntry, Obj
 from agent.kube.backoff import Backoff, retry_after
-from agent.kube.rawapi import MAX_EVENT_BYTES, WatchExpiredError, status_error
+from agent.kube.rawapi import WatchExpiredError, watch_events
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +32,7 @@ class CliqueWatch:
     def __init__(
         self,
         api_client: Any,
+        call: Any,
         namespace: str,
         *,
         request_timeout: float = 10.0,
@@ -42,6 +42,7 @@ class CliqueWatch:
         from agent.kube.library import CustomObjectsApi
 
         self._custom = CustomObjectsApi(api_client)
+        self._call = call  # one JSON call (DomainApi.call: timeout, 429s waited out)
         self.namespace = namespace
         self.request_timeout = request_timeout
         self.watch_timeout = watch_timeout
@@ -103,19 +104,10 @@ class CliqueWatch:
 
     async def _list(self, name: str) -> str:
         self.lists += 1
-        with anyio.fail_after(self.request_timeout):
-            response: Any = await self._custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, CLIQUE_PLURAL,
-                field_selector=f"metadata.name={name}",
-                _preload_content=False, _request_timeout=self.request_timeout,
-            )  # fmt: skip
-            try:
-                body = await response.read()
-            finally:
-                response.release()
-        if not 200 <= response.status < 300:
-            raise status_error(response.status, body, response.headers)
-        listed = json.loads(body)
+        listed = await self._call(
+            self._custom.list_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, CLIQUE_PLURAL, field_selector=f"metadata.name={name}",
+        )  # fmt: skip
         items = listed.get("items") or []
         self._cache[name] = items[0] if items else None
         return str((listed.get("metadata") or {}).get("resourceVersion", ""))
@@ -136,18 +128,8 @@ class CliqueWatch:
             )  # fmt: skip
         started, events = anyio.current_time(), 0
         try:
-            if not 200 <= response.status < 300:
-                raise status_error(response.status, await response.read(), response.headers)
-            while True:
-                line = await response.content.readuntil(b"\n", max_size=MAX_EVENT_BYTES)
-                if not line:
-                    break
-                if not line.strip():
-                    continue
-                event = json.loads(line)
+            async for event in watch_events(response):
                 kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    raise status_error(int(obj.get("code") or 500), line, {})
                 events += 1
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
                 if kind in ("ADDED", "MODIFIED"):

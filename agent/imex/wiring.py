@@ -91,7 +91,9 @@ async def serve_compute_domains(
         CliqueMembership(
             domains,
             CliqueApi(api_client, domains.call, config.namespace),
-            CliqueWatch(api_client, config.namespace, request_timeout=config.api_timeout_s),
+            CliqueWatch(
+                api_client, domains.call, config.namespace, request_timeout=config.api_timeout_s
+            ),
         )
         if config.membership == "cliques"
         else StatusMembership(domains)

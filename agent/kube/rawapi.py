@@ -116,18 +116,7 @@ class RawSliceApi:
                 _request_timeout=timeout,
             )
         try:
-            if not 200 <= response.status < 300:
-                raise status_error(response.status, await response.read(), response.headers)
-            while True:
-                line = await response.content.readuntil(b"\n", max_size=MAX_EVENT_BYTES)
-                if not line:
-                    return
-                if not line.strip():
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    raise status_error(int(status.get("code") or 500), line, {})
+            async for event in watch_events(response):
                 yield event
         finally:
             response.close()
@@ -147,6 +136,24 @@ class RawSliceApi:
         if not isinstance(decoded, dict):
             raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")
         return decoded
+
+
+async def watch_events(response: Any) -> AsyncGenerator[Obj, None]:
+    """The events of a watch response, line by line, until the server ends it; a non-2xx
+    answer or an ``ERROR`` event is raised (:class:`WatchExpiredError` for 410)."""
+    if not 200 <= response.status < 300:
+        raise status_error(response.status, await response.read(), response.headers)
+    while True:
+        line = await response.content.readuntil(b"\n", max_size=MAX_EVENT_BYTES)
+        if not line:
+            return
+        if not line.strip():
+            continue
+        event = json.loads(line)
+        if event.get("type") == "ERROR":
+            status = event.get("object") or {}
+            raise status_error(int(status.get("code") or 500), line, {})
+        yield event
 
 
 def parse_server_version(info: Obj) -> tuple[int, int]:

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cel
 import pytest
 
 from agent.imex.cliques import CliqueApi, clique_name
@@ -23,13 +22,12 @@ from agent.imex.domains import DomainApi
 from agent.imex.membership import CliqueMembership
 from agent.kube.client import create_api_client
 from agent.sim.apiserver import EmbeddedApiServer
-from tests.deploy.conftest import KUBERNETES, build, find
+from tests.deploy.conftest import KUBERNETES, admission_denials, build, find
 
 pytestmark = pytest.mark.anyio
 PRODUCTION = KUBERNETES / "overlays" / "production"
 POLICY = "gpu-dra-agent-computedomainclique"
 AGENT = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent"
-NODE_CLAIM = "authentication.kubernetes.io/node-name"
 CLIQUE = "6f1a3c2e-9b4d-4e7a-8c21-3d5f7a9b1c0e.32766"
 REF = DomainRef("default", "cd", "0b0e7f3a-3f8e-4a43-9d49-6ad1e3d1c5a1")
 Obj = dict[str, Any]
@@ -48,23 +46,9 @@ def policy() -> Obj:
 
 def denials(policy: Obj, old: Obj | None, new: Obj, node: str | None) -> list[str]:
     """The messages of the failing validations of this CREATE (``old`` None) or UPDATE."""
-    spec = policy["spec"]
-    extra = {NODE_CLAIM: [node]} if node else {}
-    operation = "CREATE" if old is None else "UPDATE"
-    activation: dict[str, Any] = {
-        "request": {"operation": operation, "userInfo": {"username": AGENT, "extra": extra}},
-        "object": new,
-        "oldObject": old,
-    }
-    assert all(cel.evaluate(c["expression"], activation) for c in spec["matchConditions"])
-    activation["variables"] = {}
-    for variable in spec["variables"]:
-        activation["variables"][variable["name"]] = cel.evaluate(variable["expression"], activation)
-    return [
-        str(cel.evaluate(v["messageExpression"], activation))
-        for v in spec["validations"]
-        if not cel.evaluate(v["expression"], activation)
-    ]
+    found = admission_denials(policy, "CREATE" if old is None else "UPDATE", old, new, node, AGENT)
+    assert found is not None, "the policy must apply to the agent"
+    return found
 
 
 def test_the_crd_rbac_and_binding_are_in_the_base() -> None:

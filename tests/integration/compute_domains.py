@@ -19,6 +19,7 @@ import anyio
 from anyio.abc import Process
 
 from agent.imex.config import DRIVER as CD_DRIVER
+from agent.imex.daemon_files import CONFIG_FILE
 from agent.node.cdi import CdiSpecDirectory
 from agent.sim.allocation import ApiAccess, create_and_allocate_claim, delete_claim
 from agent.sim.apiserver import EmbeddedApiServer
@@ -291,6 +292,20 @@ def imex_daemons(config: Path) -> list[int]:
         if state != "Z" and b"nvidia-imex" in cmdline and str(config).encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+async def stop_all(cluster: Cluster) -> None:
+    """Stop every agent and the controller; kill the IMEX daemons a stopped agent leaves for
+    the next one (those of a claim a failed test left prepared)."""
+    for node in cluster.nodes.values():
+        if node.process is not None and node.process.returncode is None:
+            await cluster.stop(node)
+        for config in (node.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
+            for pid in imex_daemons(config):
+                os.kill(pid, signal.SIGKILL)
+    if cluster.controller is not None and cluster.controller.returncode is None:
+        cluster.controller.terminate()
+        await cluster.controller.wait()
 
 
 async def start_controller(cluster: Cluster) -> None:

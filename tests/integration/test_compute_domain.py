@@ -14,7 +14,6 @@ process, nothing duplicated, the domain stays Ready).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import tempfile
@@ -42,6 +41,7 @@ from tests.integration.compute_domains import (
     imex_daemons,
     settled_members,
     start_controller,
+    stop_all,
 )
 from tests.support.cdi_schema import assert_valid_cdi_spec
 
@@ -81,16 +81,7 @@ async def cluster(workdir: Path) -> AsyncIterator[Cluster]:
                     group.start_soon(cluster.start, node_)
             yield cluster
         finally:
-            for node_ in cluster.nodes.values():
-                if node_.process is not None and node_.process.returncode is None:
-                    await cluster.stop(node_)
-                # a stopped agent leaves the daemon of a prepared claim (a failed test's)
-                for config in (node_.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
-                    for pid in imex_daemons(config):
-                        os.kill(pid, signal.SIGKILL)
-            if cluster.controller is not None and cluster.controller.returncode is None:
-                cluster.controller.terminate()
-                await cluster.controller.wait()
+            await stop_all(cluster)
 
 
 @pytest.fixture(autouse=True)

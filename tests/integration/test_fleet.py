@@ -14,7 +14,6 @@ cliques, and the membership assertions fail.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import tempfile
@@ -41,6 +40,7 @@ from tests.integration.compute_domains import (
     eventually,
     imex_daemons,
     start_controller,
+    stop_all,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -85,15 +85,7 @@ async def fleet(workdir: Path) -> AsyncIterator[Cluster]:
                     group.start_soon(cluster.start, node)
             yield cluster
         finally:
-            for node in cluster.nodes.values():
-                if node.process is not None and node.process.returncode is None:
-                    await cluster.stop(node)
-                for config in (node.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
-                    for pid in imex_daemons(config):
-                        os.kill(pid, signal.SIGKILL)
-            if cluster.controller is not None and cluster.controller.returncode is None:
-                cluster.controller.terminate()
-                await cluster.controller.wait()
+            await stop_all(cluster)
 
 
 def cliques_of(cluster: Cluster, uid: str) -> dict[str, dict[str, Any]]:

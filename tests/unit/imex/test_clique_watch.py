@@ -34,7 +34,7 @@ async def test_members_come_from_the_watch(apiserver: EmbeddedApiServer, tmp_pat
     client = await create_api_client(apiserver.write_kubeconfig(tmp_path / "kubeconfig"))
     try:
         domains = DomainApi(client)
-        watch = CliqueWatch(client, NS)
+        watch = CliqueWatch(client, domains.call, NS)
         members = CliqueMembership(domains, CliqueApi(client, domains.call, NS), watch)
         other = CliqueMembership(domains, CliqueApi(client, domains.call, NS))
         async with anyio.create_task_group() as group:
@@ -70,7 +70,7 @@ async def test_a_report_is_a_conflict_free_patch_where_the_watch_knows_the_entry
     try:
         domains = DomainApi(client)
         cliques = CliqueApi(client, domains.call, NS)
-        members = CliqueMembership(domains, cliques, CliqueWatch(client, NS))
+        members = CliqueMembership(domains, cliques, CliqueWatch(client, domains.call, NS))
         async with anyio.create_task_group() as group:
             group.start_soon(members.run)
             for node in ("tray-a", "tray-b"):
