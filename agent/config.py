@@ -110,6 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("imex-daemon-cmd", "GPU_DRA_IMEX_DAEMON_CMD", "nvidia-imex"),
     Setting("imex-ready-timeout-seconds", "GPU_DRA_IMEX_READY_TIMEOUT_SECONDS", "20"),
     Setting("node-ip", "NODE_IP", None),
+    Setting("compute-domain-membership", "GPU_DRA_COMPUTE_DOMAIN_MEMBERSHIP", "cliques"),
+    Setting("namespace", "POD_NAMESPACE", "gpu-dra-agent"),
     Setting("sim-fabric-dir", "GPU_DRA_SIM_FABRIC_DIR", None, is_path=True),
     # every API client's request timeout (watches: their connect and first answer)
     Setting("api-timeout-seconds", API_TIMEOUT_ENV, f"{DEFAULT_API_TIMEOUT_S:g}"),
@@ -146,6 +148,8 @@ class AgentConfig:
     imex_daemon_cmd: str = "nvidia-imex"
     imex_ready_timeout_s: float = 20.0
     node_ip: str | None = None  # where this node's IMEX daemon listens; else the Node's address
+    membership: str = "cliques"  # ComputeDomainCliques, or the domain's status.nodes ("status")
+    namespace: str = "gpu-dra-agent"  # the driver's namespace (ComputeDomainCliques live there)
     sim_fabric_dir: Path | None = None  # simulated IMEX peers find each other here
     api_timeout_s: float = DEFAULT_API_TIMEOUT_S  # each API call's bound (--api-timeout-seconds)
 
@@ -338,6 +342,8 @@ def load_config(
             values["imex-ready-timeout-seconds"], MAX_IMEX_READY_TIMEOUT_S
         ),
         node_ip=ip_address(values["node-ip"]) if "node-ip" in values else None,
+        membership=choice(values["compute-domain-membership"], ("cliques", "status")),
+        namespace=values["namespace"].value,
         sim_fabric_dir=_absolute(values["sim-fabric-dir"]) if "sim-fabric-dir" in values else None,
         api_timeout_s=parse_api_timeout(
             values["api-timeout-seconds"].value, values["api-timeout-seconds"].source

@@ -163,6 +163,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "InternalIP)",
     )
     add(
+        "--compute-domain-membership",
+        metavar="cliques|status",
+        help="where a node's membership in a ComputeDomain is written: its clique's "
+        "ComputeDomainClique (one object per rack, the controller aggregates) or the domain's "
+        "status.nodes (every node writes one object) [GPU_DRA_COMPUTE_DOMAIN_MEMBERSHIP] "
+        "(default: cliques)",
+    )
+    add(
+        "--namespace",
+        metavar="NS",
+        help="the driver's namespace, where ComputeDomainCliques live [POD_NAMESPACE] "
+        "(default: gpu-dra-agent)",
+    )
+    add(
         "--sim-fabric-dir",
         metavar="DIR",
         help="with --simulate: the directory simulated IMEX daemons of several agents share to "
