@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # agent package again (about 0.15 s of CPU a start; an installed agent has its .pyc files).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test lint proto bench soak clean tools cdi-schema prometheus image image-tools test-image
+.PHONY: demo test lint proto bench soak fleet clean tools cdi-schema prometheus image image-tools test-image
 
 # Files the tests take from Debian's packages live in a cache inside the checkout, fetched
 # without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
@@ -17,8 +17,11 @@ CACHE_DIR ?= .cache
 CDI_SCHEMA_PACKAGE := golang-github-container-orchestrated-devices-container-device-interface-dev
 CDI_SCHEMA_SRC := usr/share/gocode/src/github.com/container-orchestrated-devices/container-device-interface/schema
 CDI_SCHEMA := $(CACHE_DIR)/cdi-schema/schema.json
-# Prometheus for tests/integration/test_prometheus.py: the binary of Debian's package.
+# Prometheus for tests/integration/test_prometheus.py and promtool for the alert rules'
+# check (tests/deploy/test_alerts.py): the binaries of Debian's package (fetched together;
+# a cache from before promtool is fetched again).
 PROMETHEUS := $(CACHE_DIR)/prometheus/prometheus
+PROMTOOL := $(CACHE_DIR)/prometheus/promtool
 
 $(STAMP): requirements.lock requirements-dev.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,17 +44,17 @@ $(CDI_SCHEMA):
 	scripts/fetch_deb_files.sh $(CDI_SCHEMA_PACKAGE) $(CACHE_DIR)/cdi-schema \
 	    $(CDI_SCHEMA_SRC)/schema.json $(CDI_SCHEMA_SRC)/defs.json
 
-## prometheus: Debian's Prometheus binary, into $(CACHE_DIR)/prometheus (for the metrics test)
-prometheus: $(PROMETHEUS)
-$(PROMETHEUS):
-	scripts/fetch_deb_files.sh prometheus $(CACHE_DIR)/prometheus usr/bin/prometheus
+## prometheus: Debian's prometheus and promtool, into $(CACHE_DIR)/prometheus (metrics, alerts)
+prometheus: $(PROMTOOL)
+$(PROMTOOL):
+	scripts/fetch_deb_files.sh prometheus $(CACHE_DIR)/prometheus usr/bin/prometheus usr/bin/promtool
 
 ## test: the whole test suite, on TEST_WORKERS parallel workers (fetches what it needs first)
 # Four workers on two cores: most tests wait on processes, sockets and disk, not the CPU.
 # Then the tests marked `serial` (wall-clock bounds that other workers would disturb), alone.
 # TEST_WORKERS=0 runs the first part in one process too (pytest-xdist's -n 0).
 TEST_WORKERS ?= 4
-test: tools $(STAMP) $(CDI_SCHEMA) $(PROMETHEUS)
+test: tools $(STAMP) $(CDI_SCHEMA) $(PROMTOOL)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m 'not image and not serial'
 	$(BIN)/python -m pytest -q -m 'serial and not image'
 
@@ -95,6 +98,13 @@ bench: $(STAMP)
 ## soak: SOAK_CYCLES (10000) prepare/unprepare cycles against the real agent (docs/RELIABILITY.md)
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak
+
+## fleet: NODES agents in CLIQUES racks against one API server, ComputeDomain scenarios
+## (docs/PERFORMANCE.md "Fleet"); e.g. make fleet NODES=72 CLIQUES=4; more: FLEET_ARGS
+NODES ?= 18
+CLIQUES ?= 1
+fleet: $(STAMP)
+	$(BIN)/python -m benchmarks.fleet --nodes $(NODES) --cliques $(CLIQUES) $(FLEET_ARGS)
 
 clean:
 	rm -rf $(VENV) $(CACHE_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.errors import AgentError
 from agent.logs import configure_logging
+from agent.switches import HelpFormatter, SwitchParser
 
 log = logging.getLogger("agent")
 
@@ -26,6 +27,8 @@ ResourceSlices and serves the kubelet's DRA plugin API.
 """
 
 EPILOG = """\
+switches (every on/off option of every command): --x, --x=true|false or --no-x
+
 examples:
   gpu-dra-agent discover --simulate dgx-h100 -o table
   gpu-dra-agent discover -o yaml            # on a GPU host, with the NVIDIA driver
@@ -104,9 +107,7 @@ def _add_subcommands(
 ) -> None:
     """Add one parser per subcommand; only the selected one imports its module."""
     for name, (module_name, help_text) in table.items():
-        sub = subparsers.add_parser(
-            name, help=help_text, formatter_class=argparse.RawDescriptionHelpFormatter
-        )
+        sub = subparsers.add_parser(name, help=help_text, formatter_class=HelpFormatter)
         if name != selected:
             continue
         module = importlib.import_module(module_name)
@@ -126,11 +127,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     words = _positionals(argv)
     command = words[0] if words else None
     simulator = words[1] if command == "sim" and len(words) > 1 else None
-    parser = argparse.ArgumentParser(
+    parser = SwitchParser(
         prog="gpu-dra-agent",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_subcommands(subparsers, SUBCOMMANDS, command)

@@ -28,6 +28,7 @@ from agent.dra.partitionable import MEMORY_COUNTER, DynamicMig
 from agent.dra.quantity import format_quantity
 from agent.dra.slices import SLICE_LAYOUTS
 from agent.hardware.inventory import Gpu, Inventory
+from agent.switches import TRUE_WORDS, add_switch
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 
@@ -61,16 +62,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=Path("/"),
         help="where the host's /sys and /proc are mounted (default: /)",
     )
-    parser.add_argument(
-        "--dynamic-mig",
-        action="store_true",
+    add_switch(
+        parser,
+        "dynamic-mig",
         default=_env_flag("GPU_DRA_DYNAMIC_MIG"),
         help="show what `run --dynamic-mig` publishes: every MIG placement of a "
         "partitionable GPU as a device sharing the GPU's counters [env GPU_DRA_DYNAMIC_MIG]",
     )
-    parser.add_argument(
-        "--adopt-mig-instances",
-        action="store_true",
+    add_switch(
+        parser,
+        "adopt-mig-instances",
         default=_env_flag("GPU_DRA_ADOPT_MIG_INSTANCES"),
         help="with --dynamic-mig: treat existing MIG instances as the agent's (their slices "
         "are offered) [env GPU_DRA_ADOPT_MIG_INSTANCES]",
@@ -124,7 +125,7 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def _env_flag(name: str) -> bool:
-    return (os.environ.get(name) or "").strip().lower() in ("1", "true", "yes", "on")
+    return (os.environ.get(name) or "").strip().lower() in TRUE_WORDS
 
 
 def name_for_preview(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -8,8 +8,12 @@ The node's devices come from a simulated host (built in-process, as ``discover -
 does) or from a cluster (ResourceSlices, DeviceClasses and allocated claims).
 With ``--simulate PROFILE --dynamic-mig`` the simulated host publishes partitionable devices
 (every MIG placement consuming shared counters), as ``run --dynamic-mig`` does.
-Exit status: 0 when the claim fits, 1 when it does not, 2 when the claim itself is bad (or
-the options cannot be used).
+The table shows the devices each request's class admits, one line each, and counts the rest;
+``--all`` lists every device with every selector, taint and counter (``-o json|yaml`` always do).
+Exit status: 0 when the claim fits, 1 when it does not, 2 when the claim itself is at fault
+(unparsable, invalid, a selector that does not compile, or one that fails at run time on every
+device its class admits, which kube-scheduler reports as an error of the claim) or the options
+cannot be used; the explanation is printed either way.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from agent.explain_render import render_table
+from agent.switches import add_switch
 
 EXIT_FITS, EXIT_DOES_NOT_FIT, EXIT_BAD_CLAIM = 0, 1, 2
 SIM_NODE = "sim-node"
@@ -48,9 +55,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--driver-name", default="gpu.nvidia.com", help="driver of a simulated host"
     )
-    parser.add_argument(
-        "--dynamic-mig",
-        action="store_true",
+    add_switch(
+        parser,
+        "dynamic-mig",
+        default=False,
         help="with --simulate: the host publishes partitionable devices (every MIG placement "
         "with shared counters), as the agent does with --dynamic-mig",
     )
@@ -66,7 +74,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--output",
         choices=["table", "yaml", "json"],
         default="table",
-        help="table for people, yaml or json for tools",
+        help="table for people, yaml or json for tools (these carry every device)",
+    )
+    add_switch(
+        parser,
+        "all",
+        default=False,
+        help="the table lists every device with every selector, taint and counter (default: "
+        "the devices the request's class admits, one line each, and a count of the rest)",
     )
 
 
@@ -194,112 +209,31 @@ async def run(args: argparse.Namespace) -> int:
     elif args.output == "yaml":
         sys.stdout.write(yaml.safe_dump(report, sort_keys=False))
     else:
-        sys.stdout.write(render_table(report))
+        sys.stdout.write(render_table(report, all_devices=args.all))
+    fault = claim_fault(report)
+    if fault is not None:
+        print(f"gpu-dra-agent explain: the claim is at fault: {fault}", file=sys.stderr)
+        return EXIT_BAD_CLAIM
     return EXIT_FITS if report["fits"] else EXIT_DOES_NOT_FIT
 
 
-def _value(value: Any) -> str:
-    return "(missing)" if value is None else str(value)
-
-
-def _selectors(device: dict[str, Any]) -> str:
-    parts = []
-    for selector in device["selectors"]:
-        verdict = {True: "yes", False: "no", None: "ERROR"}[selector["result"]]
-        source = "class" if selector["source"].startswith("class") else "request"
-        saw = ", ".join(
-            f"{k.split('.')[-1] if k != 'driver' else k}={_value(v)}"
-            for k, v in selector["saw"].items()
-        )
-        parts.append(
-            f"{source}:{verdict}" + (f" ({saw})" if saw and selector["result"] is not True else "")
-        )
-    return "; ".join(parts)
-
-
-def _details(device: dict[str, Any]) -> str:
-    details = []
-    for taint in device.get("taints", []):
-        mark = (
-            "blocks"
-            if taint["blocks"]
-            else "tolerated"
-            if taint["effect"] != "None"
-            else "harmless"
-        )
-        details.append(f"taint {taint['key']}={taint.get('value', '')}:{taint['effect']} ({mark})")
-    if "allocatedTo" in device:
-        details.append(f"allocated to {device['allocatedTo']}")
-    for counter in device.get("counters", []):
-        if counter["exhausted"]:
-            details.append(
-                f"counter {counter['counterSet']}/{counter['counter']}: needs {counter['needs']}, {counter['available']} left"
-            )
-    for capacity in device.get("capacity", []):  # a shared device (KEP-5075)
-        consumes = capacity["consumes"] or "(breaks its request policy)"
-        details.append(
-            f"capacity {capacity['capacity']}: {capacity['remaining']} left, needs {consumes}"
-        )
-    if device.get("sharedBy"):
-        details.append(f"shared by {', '.join(device['sharedBy'])}")
-    if "problem" in device:
-        details.append(device["problem"])
-    for selector in device["selectors"]:
-        if "error" in selector:
-            error = selector["error"]
-            details.append(
-                f"{error['kind']} error at {error.get('line', '?')}:{error.get('column', '?')}: {error['message']}"
-            )
-    return "; ".join(details) or "-"
-
-
-def render_table(report: dict[str, Any]) -> str:
-    verdict = "FITS" if report["fits"] else "DOES NOT FIT"
-    lines = [f"claim {report['claim']} on node {report['node']}: {verdict}"]
+def claim_fault(report: dict[str, Any]) -> str | None:
+    """Why the claim itself is wrong, if a selector of its own fails at run time on every
+    device its class admits (kube-scheduler reports that as a CEL runtime error of the claim,
+    not as a lack of devices); None otherwise."""
     for request in report["requests"]:
-        mode = (
-            f"{request['count']} device(s)"
-            if request["allocationMode"] == "ExactCount"
-            else "all matching devices"
-        )
-        lines.append("")
-        lines.append(
-            f"request {request['name']}: {mode} of class {request['deviceClassName']}, {request['candidates']} candidate(s)"
-        )
-        for selector in request["selectors"]:
-            lines.append(f"  {selector['source']}: {' '.join(selector['expression'].split())}")
-        if "problem" in request:
-            lines.append(f"  {request['problem']}")
-        rows = [("DEVICE", "VERDICT", "SELECTORS", "TAINTS / IN USE / COUNTERS")]
-        rows += [
-            (d["device"], d["verdict"], _selectors(d), _details(d)) for d in request["devices"]
+        reached = [
+            selector
+            for device in request["devices"]
+            for selector in device["selectors"]
+            if selector["source"] == "request"
         ]
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        for row in rows:
-            lines.append(
-                "  "
-                + "  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True))
-                + "  "
-                + row[3]
+        failed = [s for s in reached if s["result"] is None]
+        if reached and len(failed) == len(reached) and "error" in failed[0]:
+            error = failed[0]["error"]
+            return (
+                f"request {request['name']}: its selector fails on every device the class "
+                f"admits ({len(failed)}): {error['kind']} error at {error.get('line', '?')}:"
+                f"{error.get('column', '?')}: {error['message']}"
             )
-    for constraint in report["constraints"]:
-        groups = (
-            "; ".join(f"{g['value']}: {', '.join(g['devices'])}" for g in constraint["groups"])
-            or "(no candidates)"
-        )
-        lines.append("")
-        kind = "matchAttribute" if "matchAttribute" in constraint else "distinctAttribute"
-        lines.append(
-            f"constraint {kind} {constraint[kind]} over {', '.join(constraint['requests'])}: {groups}"
-        )
-    lines.append("")
-    if report["fits"]:
-        lines.append("allocation (status.allocation, as the scheduler would write it):")
-        lines.extend(
-            "  " + line
-            for line in yaml.safe_dump(report["allocation"], sort_keys=False).splitlines()
-        )
-    else:
-        lines.append("why it does not fit:")
-        lines.extend(f"  - {reason}" for reason in report["reasons"])
-    return "\n".join(lines) + "\n"
+    return None

@@ -14,6 +14,8 @@ import logging
 import os
 from pathlib import Path
 
+from agent.switches import add_switch
+
 EPILOG = """\
 environment variables (used when the flag is absent): NODE_NAME, KUBECONFIG,
 KUBELET_REGISTRAR_DIRECTORY_PATH, KUBELET_PLUGINS_DIRECTORY_PATH, CDI_ROOT,
@@ -74,9 +76,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="unique id for the socket names, for overlapping instances in a rolling update "
         "[POD_UID]",
     )
-    add(
-        "--health-monitoring",
-        metavar="true|false",
+    add_switch(
+        parser,
+        "health-monitoring",
+        default=None,
         help="watch the GPUs (XID, ECC, lost GPU) and taint unhealthy devices "
         "[GPU_DRA_HEALTH_MONITORING] (default: true)",
     )
@@ -96,9 +99,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on this address, e.g. 0.0.0.0:9464 "
         "[GPU_DRA_METRICS_ADDRESS] (default: off)",
     )
-    add(
-        "--dynamic-mig",
-        metavar="true|false",
+    add_switch(
+        parser,
+        "dynamic-mig",
+        default=None,
         help="publish every MIG placement of MIG-capable GPUs as partitionable devices and "
         "create the MIG instance when a claim for one is prepared [GPU_DRA_DYNAMIC_MIG] "
         "(default: false)",
@@ -110,17 +114,27 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "1.34) or counters in a slice of their own (split, 1.35+); auto asks the API server "
         "[GPU_DRA_SLICE_LAYOUT] (default: auto)",
     )
-    add(
-        "--adopt-mig-instances",
-        metavar="true|false",
+    add_switch(
+        parser,
+        "adopt-mig-instances",
+        default=None,
         help="with --dynamic-mig: treat MIG instances the agent did not create as its own "
         "(they may be destroyed when unused) [GPU_DRA_ADOPT_MIG_INSTANCES] (default: false)",
     )
-    add(
-        "--mig-mode-off-when-idle",
-        metavar="true|false",
+    add_switch(
+        parser,
+        "mig-mode-off-when-idle",
+        default=None,
         help="with --dynamic-mig: turn MIG mode off on a Hopper or newer GPU when its last "
         "instance is gone [GPU_DRA_MIG_MODE_OFF_WHEN_IDLE] (default: true)",
+    )
+    add_switch(
+        parser,
+        "device-metadata",
+        default=None,
+        help="KEP-5304: per prepared request, a metadata file of its devices mounted into the "
+        "containers at /var/run/kubernetes.io/dra-device-attributes/... by CDI "
+        "[GPU_DRA_DEVICE_METADATA] (default: false)",
     )
     add(
         "--consumable-shares",
@@ -154,6 +168,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="IP",
         help="the address this node's IMEX daemon listens on [NODE_IP] (default: the Node's "
         "InternalIP)",
+    )
+    add(
+        "--compute-domain-membership",
+        metavar="cliques|status",
+        help="where a node's membership in a ComputeDomain is written: its clique's "
+        "ComputeDomainClique (one object per rack, the controller aggregates) or the domain's "
+        "status.nodes (every node writes one object) [GPU_DRA_COMPUTE_DOMAIN_MEMBERSHIP] "
+        "(default: cliques)",
+    )
+    add(
+        "--namespace",
+        metavar="NS",
+        help="the driver's namespace, where ComputeDomainCliques live [POD_NAMESPACE] "
+        "(default: gpu-dra-agent)",
     )
     add(
         "--sim-fabric-dir",

@@ -1,11 +1,16 @@
 """The supervisor: wires the agent's parts together under one anyio task group.
 
 Start-up runs in a fixed order, because each step needs the one before and the kubelet must
-never see a socket whose engine cannot answer: discover the GPUs (simulated or real), connect
-to the API server, start the prepare engine (it reloads and reconciles the checkpoint), and
-only then open the DRA socket and, after it, the registration socket. The slice publisher and
-the kubelet plugin then run as children of the task group until SIGTERM or SIGINT, with the
-health monitor (on by default) and, in simulate mode, the fault-injection control socket.
+never see a socket whose engine cannot answer: discover the GPUs (simulated or real), start the
+prepare engine (it reloads and reconciles the checkpoint), start the health monitor (NVML events
+are watched from here on), and open the DRA socket and, after it, the registration socket. Only
+then is the API side made (:mod:`agent.api_side`: the HTTP stack is loaded, the client made, the
+Node's uid and the server's version read) while the kubelet registers the plugin; until the
+client exists, a prepare's claim read waits for it (within the read's timeout), an Event waits
+in a queue and the health monitor's taints wait for the slice publisher
+(:mod:`agent.kube.deferred`). The slice publisher and the second driver follow. They, the
+health monitor and the kubelet plugin then run as children of the task group until SIGTERM or
+SIGINT, with, in simulate mode, the fault-injection control socket.
 
 A child that fails is logged and brings the whole process down cleanly (sockets removed,
 engine closed, exit status 1): systemd or the DaemonSet restarts it, and the checkpoint makes
@@ -14,7 +19,6 @@ the restart harmless. Nothing is fire-and-forget.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import signal
 from collections.abc import Awaitable, Callable
@@ -26,17 +30,12 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from agent.config import AgentConfig
 from agent.errors import AgentError
-from agent.health.policy import HealthPolicy
 from agent.notify import SystemdNotifier, announce_ready
 from agent.telemetry.meter_provider import configure_metrics, serve_metrics, shutdown_metrics
+from agent.telemetry.metrics import slice_writes_at_zero
 from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 
 log = logging.getLogger("agent.supervisor")
-
-#: Bound on the best-effort start-up reads (the Node's uid names the slices' owner and Event
-#: target; the server's version picks a taint effect and the slice layout), even when
-#: ``--api-timeout-seconds`` is longer.
-NODE_LOOKUP_TIMEOUT = 5.0
 
 
 class Supervisor:
@@ -128,15 +127,19 @@ class Supervisor:
         await group.start(supervised, name=name)
 
     async def _start(self, stack: AsyncExitStack, group: TaskGroup) -> None:
-        # Heavy imports live here so that `gpu-dra-agent --help` stays fast.
+        # Heavy imports live here so that `gpu-dra-agent --help` stays fast; the API side's
+        # (aiohttp, kubernetes-asyncio) are loaded by connect_api, after the sockets are open.
+        from agent.api_side import connect_api
         from agent.dra import build_devices
         from agent.dra.shares import parse_mode
         from agent.hardware.discovery import discover, nvml_session
-        from agent.kube.claims import ApiClaimReader
-        from agent.kube.client import create_api_client
-        from agent.kube.events import DEFAULT_TIMEOUT_S as EVENT_TIMEOUT_S
-        from agent.kube.events import ApiEventPoster
-        from agent.kube.publisher import SlicePublisher
+        from agent.kube.deferred import (
+            DeferredClaimReader,
+            DeferredEventPoster,
+            DeferredPublisher,
+            Pending,
+        )
+        from agent.kube.interfaces import ClaimReader
         from agent.kubelet.plugin import KubeletPlugin
         from agent.node.engine import PrepareEngine
 
@@ -161,24 +164,17 @@ class Supervisor:
             extra={"simulated": config.simulate or "no", "host_root": str(config.host_root)},
         )
 
-        api_client = await create_api_client(config.kubeconfig)
-        stack.push_async_callback(api_client.close)
-        timeout = config.api_timeout_s  # --api-timeout-seconds: every API client below
-        node_uid = await _node_uid(api_client, config.node_name, timeout)
-        health_policy = await _health_policy_for_server(api_client, config.health, timeout)
-        events = ApiEventPoster(
-            api_client,
-            config.node_name,
-            node_uid=node_uid,
-            timeout_s=min(timeout, EVENT_TIMEOUT_S),  # best effort: never held longer
-        )
-
-        claim_reader = ApiClaimReader(api_client, timeout_s=timeout)
-        stack.push_async_callback(claim_reader.close)  # before the client it borrows from
+        # The API client is made once the kubelet's sockets are open (connect_api, below): a
+        # claim read waits for it within the read's timeout, an Event waits in a queue.
+        pending_reader: Pending[ClaimReader] = Pending("API client")
+        claim_reader = DeferredClaimReader(pending_reader, timeout_s=config.api_timeout_s)
+        events = DeferredEventPoster()
         effectors: list[Any] = []  # agent.node.effectors.DeviceEffector, in order
         if config.dynamic_mig:  # MIG instances made on prepare (agent/mig)
             from agent.hardware.mig_ops import MigOps
-            from agent.mig import MigEffector
+            from agent.mig import MigEffector, metrics_at_zero
+
+            metrics_at_zero()
 
             effectors.append(
                 MigEffector(
@@ -206,6 +202,20 @@ class Supervisor:
                 simulated=session.simulated is not None,
             )
         )
+        from agent.metadata import build_metadata
+
+        # last effector: KEP-5304 files per request (agent/metadata; --device-metadata); the
+        # engine's reader notes what they need of each claim
+        engine_reader, metadata = build_metadata(
+            claim_reader,
+            enabled=config.device_metadata,
+            driver=config.driver_name,
+            pool=config.node_name,
+            plugin_dir=config.plugin_dir,
+            cdi_root=config.cdi_root,
+            devices=devices,
+        )
+        effectors.append(metadata)
         engine = PrepareEngine(
             driver=config.driver_name,
             node_name=config.node_name,
@@ -215,7 +225,7 @@ class Supervisor:
             host_root=config.host_root,
             driver_root=config.driver_root,
             driver_root_mount=config.driver_files,
-            claim_reader=claim_reader,
+            claim_reader=engine_reader,
             boot_id=session.files.boot_id() or "unknown",
             events=events,
             dynamic_mig=config.dynamic_mig,
@@ -238,7 +248,7 @@ class Supervisor:
 
         dynamic_mig: Any = None
         counter_sets: tuple[Any, ...] = ()
-        slice_layout: Any = "split"
+        held_back: list[Any] = []
         if config.dynamic_mig:  # after start: the checkpoint says which instances are ours
             from agent.dra import build_device_set
 
@@ -247,25 +257,15 @@ class Supervisor:
                 inventory = await discover(session.nvml, config.host_root)
             device_set = build_device_set(inventory, dynamic_mig=dynamic_mig, shares=shares)
             devices, counter_sets = list(device_set.devices), device_set.counter_sets
-            slice_layout = await _slice_layout_for_server(api_client, config.slice_layout, timeout)
-            log.info(
-                "dynamic MIG: %d partitionable GPU(s), %d device(s), slice layout %s",
-                len(counter_sets),
-                len(devices),
-                slice_layout,
-                extra={"held_back": list(device_set.held_back)},
-            )
-        publisher = SlicePublisher(
-            api_client,
-            node_name=config.node_name,
-            driver_name=config.driver_name,
-            node_uid=node_uid,
-            slice_layout=slice_layout,
-            request_timeout=timeout,
-        )
-        publisher.set_devices(devices, counter_sets)
-        self._child(group, "slice publisher", publisher.run)
+            held_back = list(device_set.held_back)
+        metadata.set_devices(devices)  # the devices as published (dynamic MIG: placements)
 
+        # The NVML event monitor runs from here on, before the kubelet sees a socket: an XID
+        # in the first second is not lost, whatever the API server does. Its slice writes go
+        # to the publisher once the API client exists, its Events wait in the queue, and the
+        # unmonitored taint's effect follows the server's version when it is known.
+        slices = DeferredPublisher()
+        slice_writes_at_zero(config.driver_name)  # the publisher comes after the API client
         health = None
         if config.health_monitoring:
             from agent.health.wiring import build_health
@@ -273,9 +273,9 @@ class Supervisor:
             health = build_health(
                 nvml=session.nvml,
                 inventory=inventory,
-                policy=health_policy,
+                policy=config.health,
                 node_name=config.node_name,
-                publisher=publisher,
+                publisher=slices,
                 events=events,
                 driver_name=config.driver_name,
                 dynamic_mig=dynamic_mig,
@@ -300,15 +300,42 @@ class Supervisor:
         )
         # returns once both sockets exist; a failure to open them is a start-up error
         await self._start_child(group, "kubelet plugin", plugin.run)
+
+        # the kubelet registers the plugin meanwhile; a prepare waits for the claim reader
+        api = await connect_api(config, stack, pending_reader)
+        self._child(group, "queued events", lambda: events.attach(api.events))
+        if config.dynamic_mig:
+            log.info(
+                "dynamic MIG: %d partitionable GPU(s), %d device(s), slice layout %s",
+                len(counter_sets),
+                len(devices),
+                api.slice_layout,
+                extra={"held_back": held_back},
+            )
+        from agent.kube.publisher import SlicePublisher
+
+        publisher = SlicePublisher(
+            api.client,
+            node_name=config.node_name,
+            driver_name=config.driver_name,
+            node_uid=api.node_uid,
+            slice_layout=api.slice_layout,
+            request_timeout=config.api_timeout_s,
+        )
+        publisher.set_devices(devices, counter_sets)
+        if health is not None:
+            health.monitor.set_unmonitored_effect(api.health_policy.unmonitored_effect)
+        slices.attach(publisher)  # the health monitor's latest devices, if it set any
+        self._child(group, "slice publisher", publisher.run)
         # the second driver, compute-domain.nvidia.com (agent/imex; --compute-domains)
         from agent.imex.wiring import serve_compute_domains
 
         await serve_compute_domains(
             config,
             inventory,
-            api_client,
-            claim_reader,
-            node_uid,
+            api.client,
+            api.claim_reader,
+            api.node_uid,
             stack,
             lambda name, run: self._child(group, name, run),
             lambda name, run: self._start_child(group, name, run),
@@ -344,31 +371,6 @@ class _Started:
         self._on_started(value)
 
 
-async def _health_policy_for_server(
-    api_client: Any, policy: HealthPolicy, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
-) -> HealthPolicy:
-    """``policy`` with the ``unmonitored`` taint effect the API server accepts (``None`` from
-    1.35 on, else ``NoSchedule``; an unreadable version gets ``NoSchedule``, valid everywhere)."""
-    from agent.health.policy import unmonitored_effect_for
-    from agent.kube.rawapi import RawSliceApi
-
-    version: tuple[int, int] | None = None
-    try:
-        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            version = await RawSliceApi(
-                api_client, request_timeout=api_timeout_s
-            ).read_server_version()
-    except Exception as err:  # best effort: the safe effect is valid on every version
-        log.warning("could not read the API server's version: %s", err)
-    effect = unmonitored_effect_for(version)
-    log.info(
-        "API server %s: the unmonitored taint's effect is %s",
-        "version unknown" if version is None else f"v{version[0]}.{version[1]}",
-        effect,
-    )
-    return dataclasses.replace(policy, unmonitored_effect=effect)
-
-
 def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
     """``--dynamic-mig`` publishing settings: the MIG devices whose instance this agent made
     are placements like any other; every other instance found is static (``agent.dra``).
@@ -381,40 +383,3 @@ def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
     return owned_by_intents(
         ((i.effector, i.device) for c in checkpoint.claims.values() for i in c.intents), adopt
     )
-
-
-async def _slice_layout_for_server(
-    api_client: Any, configured: str, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
-) -> str:
-    """``--slice-layout``: as configured, or for ``auto`` the layout the API server's version
-    accepts (``combined`` on 1.34, ``split`` from 1.35; ``split`` when unreadable)."""
-    from agent.dra.slices import layout_for_version
-    from agent.kube.rawapi import RawSliceApi
-
-    if configured != "auto":
-        return configured
-    version: tuple[int, int] | None = None
-    try:
-        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            version = await RawSliceApi(
-                api_client, request_timeout=api_timeout_s
-            ).read_server_version()
-    except Exception as err:
-        log.warning("could not read the API server's version for the slice layout: %s", err)
-    return layout_for_version(version)
-
-
-async def _node_uid(
-    api_client: Any, node_name: str, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
-) -> str | None:
-    """The Node's uid, or None when it cannot be read now (the publisher retries on its own)."""
-    from agent.kube.rawapi import RawSliceApi
-
-    try:
-        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            return await RawSliceApi(api_client, request_timeout=api_timeout_s).read_node_uid(
-                node_name
-            )
-    except Exception as err:  # best effort: events then name the node without its uid
-        log.warning("could not read Node %s: %s", node_name, err)
-        return None

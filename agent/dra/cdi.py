@@ -308,6 +308,14 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
     return "0.3.0"
 
 
+#: The encoder of the CDI spec files (C-accelerated: no indent).
+SPEC_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
 def encode_spec(spec: Mapping[str, Any]) -> bytes:
-    """The bytes written to disk: stable key order, so equal specs give equal files."""
-    return (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode()
+    """The bytes written to disk: stable key order, so equal specs give equal files.
+
+    Compact, one line: ``json.dumps`` with ``indent`` runs Python's pure-Python encoder, some
+    60 us per claim spec (a tenth of a 32-claim batch's prepare), the compact form its C
+    encoder. ``jq . FILE`` shows one indented."""
+    return SPEC_ENCODER.encode(spec).encode() + b"\n"

@@ -9,12 +9,13 @@ event pump delivers batches to (:func:`counting_sink`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from agent.hardware.events import EventPump, EventSink
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.health.state import DeviceStatus, Health
+from agent.health.records import DeviceStatus, Health
 from agent.health.stream import HealthHub
-from agent.telemetry.metrics import HEALTH_EVENTS, add, device_health
+from agent.telemetry.metrics import HEALTH_EVENTS, add, at_zero, device_health
 
 STATE_NAMES = {Health.HEALTHY: "Healthy", Health.UNHEALTHY: "Unhealthy", Health.UNKNOWN: "Unknown"}
 #: The events a GPU's driver reports (the others are the agent's own bookkeeping).
@@ -57,7 +58,13 @@ def count_events(events: Sequence[HealthEvent]) -> None:
 
 
 class CountingPump(EventPump):
-    """An :class:`EventPump` whose batches are counted before the monitor gets them."""
+    """An :class:`EventPump` whose batches are counted before the monitor gets them; the
+    counts of the kinds without an XID are exported at 0 from the start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        kinds = sorted(str(kind) for kind in COUNTED if kind is not EventKind.XID)
+        at_zero(HEALTH_EVENTS, *({"kind": kind, "xid": ""} for kind in kinds))
 
     async def run(self, sink: EventSink) -> None:
         def counted(events: Sequence[HealthEvent]) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import pynvml
@@ -31,7 +31,6 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from agent.dra import build_device_set
-from agent.dra.model import CounterSet, DraDevice
 from agent.dra.names import mig_device_name
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import SharesMode
@@ -41,20 +40,15 @@ from agent.hardware.inventory import Inventory
 from agent.hardware.mig_ops import MigLayout, read_layout
 from agent.hardware.nvml import Nvml
 from agent.health.policy import HealthPolicy
-from agent.health.state import HealthStateMachine, Transition, device_map
+from agent.health.records import Transition, device_map
+from agent.health.state import HealthStateMachine
 from agent.health.stream import HealthHub
-from agent.kube.interfaces import EventPoster
+from agent.kube.interfaces import DevicePublisher, EventPoster
 from agent.telemetry.tracing import caused_by, tracer
 
 log = logging.getLogger(__name__)
 
 EVENT_QUEUE_SIZE = 64
-
-
-class DevicePublisher(Protocol):
-    def set_devices(
-        self, devices: Sequence[DraDevice], counter_sets: Sequence[CounterSet] = ()
-    ) -> None: ...
 
 
 class HealthMonitor:
@@ -103,6 +97,14 @@ class HealthMonitor:
             group.start_soon(self._poll_loop)
             group.start_soon(self._resolve_loop)
             await self.pump.run(self.handle)
+
+    def set_unmonitored_effect(self, effect: str) -> None:
+        """The API server's version is known: the ``unmonitored`` taint's effect it accepts,
+        for the taints held (republished if one changed) and those to come."""
+        if self.machine.set_unmonitored_effect(effect):
+            self.hub.publish(self.machine.statuses())
+            self._publish()
+        self.policy = self.machine.policy
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Follow a hardware change (MIG devices created or destroyed): conditions stay with
@@ -307,4 +309,4 @@ def _recovery_action(uuid: str) -> list[HealthEvent]:
     return [HealthEvent(uuid, EventKind.RECOVERY_ACTION, recovery_action=action)]
 
 
-__all__ = ["DevicePublisher", "HealthMonitor"]
+__all__ = ["HealthMonitor"]

@@ -23,19 +23,15 @@ is mapped to the placement by the monitor, from the live MIG layout: :meth:`lear
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Literal, cast, get_args
 
 from agent.dra.model import DeviceTaint, TaintEffect
-from agent.dra.names import device_sort_key, gpu_device_name, mig_device_name
-from agent.dra.partitionable import DynamicMig, instance_name, partition
+from agent.dra.names import device_sort_key
 from agent.hardware.health_events import EventKind, HealthEvent
-from agent.hardware.inventory import Inventory
 from agent.health.policy import (
-    RESET_XIDS,
     TAINT_ECC,
     TAINT_GPU_LOST,
     TAINT_UNMONITORED,
@@ -43,127 +39,31 @@ from agent.health.policy import (
     HealthPolicy,
     XidAction,
 )
+from agent.health.records import (
+    CLEARING_STRENGTH,
+    MAX_MESSAGE_LENGTH,
+    RECOVERY_ACTION_NONE,
+    Clearing,
+    Condition,
+    DeviceStatus,
+    GpuDevices,
+    Health,
+    Transition,
+    device_map,
+)
+from agent.health.xids import describe_xid
 
-#: Longest message the kubelet keeps.
-MAX_MESSAGE_LENGTH = 1024
-RECOVERY_ACTION_NONE = 0
-
-
-class Health(enum.IntEnum):
-    """Device health, numbered as the DRAResourceHealth wire enum."""
-
-    UNKNOWN = 0
-    HEALTHY = 1
-    UNHEALTHY = 2
-
-
-class Clearing(enum.StrEnum):
-    ANSWER = "answer"
-    RESET = "reset"
-    QUARANTINE = "quarantine"
-    MONITORED = "monitored"
-
-
-#: How hard a condition is to clear; a held condition never moves to a weaker rule.
-_STRENGTH = {Clearing.MONITORED: 0, Clearing.QUARANTINE: 0, Clearing.RESET: 1, Clearing.ANSWER: 2}
-
-
-@dataclass(frozen=True, slots=True)
-class GpuDevices:
-    """The published devices of one GPU: all of them, and the MIG ones by (GI id, CI id)."""
-
-    uuid: str
-    index: int
-    names: tuple[str, ...]
-    mig: Mapping[tuple[int, int], str]
-    #: ``--dynamic-mig``: the GPU's MIG devices are placements whose instances come and go, so
-    #: (GI id, CI id) is looked up in the live layout (:meth:`HealthStateMachine.learn_instances`).
-    partitionable: bool = False
-    minor: int = -1
-
-
-def device_map(
-    inventory: Inventory, dynamic_mig: DynamicMig | None = None
-) -> dict[str, GpuDevices]:
-    """GPU UUID -> its devices, named exactly as :func:`agent.dra.build_devices` names them
-    (with the same ``dynamic_mig`` settings)."""
-    gpus: dict[str, GpuDevices] = {}
-    for gpu in inventory.gpus:
-        split = (
-            None
-            if dynamic_mig is None
-            else partition(gpu, owned=dynamic_mig.owned, adopt=dynamic_mig.adopt)
-        )
-        if split is not None:
-            static = {
-                (m.gpu_instance_id, m.compute_instance_id): instance_name(gpu, m)
-                for m in split.static.values()
-            }
-            gpus[gpu.uuid] = GpuDevices(
-                gpu.uuid, gpu.index, split.device_names, static, True, gpu.minor
-            )
-            continue
-        mig = {
-            (m.gpu_instance_id, m.compute_instance_id): mig_device_name(
-                gpu.minor, m.profile.name, m.profile.profile_id, m.placement.start
-            )
-            for m in gpu.mig_devices
-        }
-        names = tuple(mig.values()) if gpu.mig_enabled else (gpu_device_name(gpu.minor),)
-        gpus[gpu.uuid] = GpuDevices(gpu.uuid, gpu.index, names, mig)
-    return gpus
-
-
-@dataclass(frozen=True, slots=True)
-class Condition:
-    """One active fault. ``since`` is when it appeared, ``last_seen`` its latest occurrence."""
-
-    gpu_uuid: str
-    device: str | None  # None: every device of the GPU
-    key: str
-    value: str
-    effect: TaintEffect
-    clearing: Clearing
-    reason: str
-    since: float
-    last_seen: float
-    count: int = 1
-
-    @property
-    def ident(self) -> tuple[str, str | None, str, str]:
-        return (self.gpu_uuid, self.device, self.key, self.effect)
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """A condition added, changed (new value) or removed, with the devices it concerns."""
-
-    gpu_uuid: str
-    devices: tuple[str, ...]
-    key: str
-    value: str
-    effect: TaintEffect
-    change: Literal["added", "changed", "removed"]
-    reason: str
-    at: float
-
-    @property
-    def taint(self) -> str:
-        return (
-            f"{self.key}={self.value}:{self.effect}" if self.value else f"{self.key}:{self.effect}"
-        )
-
-    def describe(self) -> str:
-        return f"{', '.join(self.devices)}: taint {self.taint} {self.change} ({self.reason})"
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceStatus:
-    """What the health stream says about one device."""
-
-    name: str
-    health: Health
-    message: str
+__all__ = [
+    "MAX_MESSAGE_LENGTH",
+    "Clearing",
+    "Condition",
+    "DeviceStatus",
+    "GpuDevices",
+    "Health",
+    "HealthStateMachine",
+    "Transition",
+    "device_map",
+]
 
 
 class HealthStateMachine:
@@ -179,6 +79,22 @@ class HealthStateMachine:
     @property
     def conditions(self) -> tuple[Condition, ...]:
         return tuple(self._conditions.values())
+
+    def set_unmonitored_effect(self, effect: str) -> bool:
+        """The ``unmonitored`` taint's effect from now on and for the conditions held (the
+        monitor starts before the API server's version, which chooses it, is known); True if
+        a held taint changed."""
+        if effect not in get_args(TaintEffect):
+            raise ValueError(f"not a taint effect: {effect!r}")
+        self.policy = replace(self.policy, unmonitored_effect=effect)
+        changed = False
+        for ident, cond in list(self._conditions.items()):
+            if cond.key == TAINT_UNMONITORED and cond.effect != effect:
+                del self._conditions[ident]
+                moved = replace(cond, effect=cast(TaintEffect, effect))
+                self._conditions[moved.ident] = moved
+                changed = True
+        return changed
 
     def learn_instances(self, uuid: str, live: Mapping[tuple[int, int], str]) -> None:
         """The MIG instances now on partitionable GPU ``uuid``: (GI id, CI id) -> the device
@@ -300,8 +216,7 @@ class HealthStateMachine:
         if not needs_reset and event.gpu_instance_id is not None:
             mig_key = (event.gpu_instance_id, event.compute_instance_id or 0)
             device = self.gpus[event.gpu_uuid].mig.get(mig_key)
-        why = RESET_XIDS.get(event.xid)
-        reason = f"XID {event.xid}" + (f": {why}" if why else "") + _detail(event)
+        reason = describe_xid(event.xid) + _detail(event)
         clearing = Clearing.RESET if needs_reset else Clearing.QUARANTINE
         effect: TaintEffect = action.value  # type: ignore[assignment]
         return self._set(
@@ -344,7 +259,7 @@ class HealthStateMachine:
             return []
         if held is not None:
             new = replace(new, since=held.since, count=held.count + 1)
-            if _STRENGTH[held.clearing] > _STRENGTH[clearing]:
+            if CLEARING_STRENGTH[held.clearing] > CLEARING_STRENGTH[clearing]:
                 # A later, milder event with the same taint (an override can give a reset XID
                 # and a plain one the same effect) must not let a pending reset quarantine out.
                 new = replace(new, clearing=held.clearing)

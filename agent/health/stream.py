@@ -25,7 +25,7 @@ import grpclib.const
 from grpclib.const import Status
 from opentelemetry.trace import SpanKind
 
-from agent.health.state import DeviceStatus
+from agent.health.records import DeviceStatus
 from agent.kubelet import api
 from agent.kubelet.rpc import InFlightCalls, receive_request
 from agent.telemetry.tracing import context_from_metadata, tracer

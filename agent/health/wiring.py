@@ -15,10 +15,10 @@ from agent.hardware.events import WatchedGpu
 from agent.hardware.inventory import Inventory
 from agent.hardware.nvml import Nvml
 from agent.health.metrics import CountingPump, MeasuredHub
-from agent.health.monitor import DevicePublisher, HealthMonitor
+from agent.health.monitor import HealthMonitor
 from agent.health.policy import HealthPolicy
 from agent.health.stream import HEALTH_VERSIONS, HealthStreamService
-from agent.kube.events import EventPoster
+from agent.kube.interfaces import DevicePublisher, EventPoster
 from agent.kubelet.registration import DRA_VERSIONS
 
 

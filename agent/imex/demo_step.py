@@ -49,7 +49,7 @@ async def compute_domain_step(
     from agent.sim.allocation import ApiAccess, create_and_allocate_claim
     from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 
-    say(f"10. ComputeDomain over IMEX: agents on two simulated {PROFILE} trays and the controller")
+    say(f"11. ComputeDomain over IMEX: agents on two simulated {PROFILE} trays and the controller")
     kubeconfig = workdir / "kubeconfig"
     access = ApiAccess(server.url, server.token)
     processes = []

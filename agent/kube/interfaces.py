@@ -9,8 +9,10 @@ kubernetes-asyncio are loaded (:mod:`agent.kube.deferred`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
+from agent.dra.model import CounterSet, DraDevice
 from agent.errors import AgentError
 
 Obj = dict[str, Any]
@@ -49,3 +51,11 @@ class EventPoster(Protocol):
     """Posts an Event about this Node; never raises."""
 
     async def post(self, type_: EventType, reason: str, message: str) -> None: ...
+
+
+class DevicePublisher(Protocol):
+    """Where the devices to publish go (:class:`agent.kube.publisher.SlicePublisher`)."""
+
+    def set_devices(
+        self, devices: Sequence[DraDevice], counter_sets: Sequence[CounterSet] = ()
+    ) -> None: ...

@@ -39,7 +39,7 @@ from agent.kube.nodewatch import NodeWatcher
 from agent.kube.rawapi import ApiStatusError, RawSliceApi
 from agent.kube.sliceplan import SlicePlan, canonical, plan_pool
 from agent.kube.slicewatch import SliceWatcher, resource_version
-from agent.telemetry.metrics import SLICE_PUBLISH_ERRORS, SLICE_WRITES, add
+from agent.telemetry.metrics import SLICE_PUBLISH_ERRORS, SLICE_WRITES, add, slice_writes_at_zero
 from agent.telemetry.tracing import current_causes, link_to, tracer
 
 Obj = dict[str, Any]
@@ -98,6 +98,7 @@ class SlicePublisher:
         self.node_name = node_name
         self.slice_layout: SliceLayout = slice_layout
         self.driver_name = driver_name
+        slice_writes_at_zero(driver_name)
         self.field_selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
         self.stats = PublisherStats()
         self._api = RawSliceApi(api_client, request_timeout=request_timeout)

@@ -25,7 +25,7 @@ import anyio
 
 from agent.kube.backoff import Backoff, retry_after
 from agent.kube.rawapi import RawSliceApi, WatchExpiredError
-from agent.telemetry.metrics import SLICE_WATCH_RESTARTS, add
+from agent.telemetry.metrics import SLICE_WATCH_REASONS, SLICE_WATCH_RESTARTS, add, at_zero
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -122,6 +122,7 @@ class SliceWatcher:
     ) -> None:
         self.cache = SliceCache()
         self.synced = False
+        at_zero(SLICE_WATCH_RESTARTS, *({"reason": r} for r in SLICE_WATCH_REASONS))
         self._api = api
         self._selector = field_selector
         self._on_change = on_change

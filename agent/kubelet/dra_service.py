@@ -40,6 +40,7 @@ from agent.telemetry.metrics import (
     CLAIMS_UNPREPARED,
     DEVICES_PREPARED,
     add,
+    at_zero,
     device_type,
 )
 
@@ -91,6 +92,7 @@ class DraPluginService:
         self._engine = engine
         self._calls = calls
         self._driver = driver
+        export_at_zero(driver)
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
         mapping: dict[str, grpclib.const.Handler] = {}
@@ -210,6 +212,32 @@ _ERROR_REASONS = (
     ("cdi", "cdi"),
     ("config", "config"),
 )
+
+
+#: Every ``reason`` of ``gpu_dra_claim_errors_total``.
+CLAIM_ERROR_REASONS = (
+    "invalid_claim",
+    "batch_failed",
+    "no_result",
+    *(reason for _, reason in _ERROR_REASONS),
+    "prepare_failed",
+)
+
+
+def export_at_zero(driver: str) -> None:
+    """The claim and device counters of ``driver``, every label set at 0 from start."""
+    label = {"driver": driver}
+    at_zero(CLAIMS_PREPARED, label)
+    at_zero(CLAIMS_UNPREPARED, label)
+    at_zero(DEVICES_PREPARED, *({**label, "type": kind} for kind in ("gpu", "mig")))
+    at_zero(
+        CLAIM_ERRORS,
+        *(
+            {**label, "operation": operation, "reason": reason}
+            for operation in ("prepare", "unprepare")
+            for reason in CLAIM_ERROR_REASONS
+        ),
+    )
 
 
 def claim_error_reason(message: str) -> str:

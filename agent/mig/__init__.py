@@ -5,5 +5,6 @@ publishes (``agent.node.effectors`` is the protocol, ``rules`` the exclusivity r
 """
 
 from agent.mig.effector import MigEffector
+from agent.mig.steps import export_at_zero as metrics_at_zero
 
-__all__ = ["MigEffector"]
+__all__ = ["MigEffector", "metrics_at_zero"]

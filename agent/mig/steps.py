@@ -23,7 +23,14 @@ from agent.hardware.inventory import Gpu
 from agent.hardware.mig_ops import FULL_CI_PROFILE_BY_SLICES, LiveGpuInstance
 from agent.node import checkpoint as cp
 from agent.node.effectors import EffectFailed
-from agent.telemetry.metrics import MIG_RECONFIGURATIONS, MIG_RECONFIGURE_DURATION, add, observe
+from agent.telemetry.metrics import (
+    MIG_RECONFIGURATIONS,
+    MIG_RECONFIGURE_DURATION,
+    add,
+    at_zero,
+    histogram_at_zero,
+    observe,
+)
 from agent.telemetry.tracing import outcome_span
 
 
@@ -189,3 +196,19 @@ def reconfigure_span(
 
     with outcome_span("mig.reconfigure", attributes, "mig.outcome", ended, failed) as span:
         yield span
+
+
+#: The ``operation`` and ``outcome`` labels of the dynamic MIG metrics.
+MIG_OPERATIONS = ("create", "destroy", "mode")
+MIG_OUTCOMES = ("success", "error", "busy")
+
+
+def export_at_zero() -> None:
+    """With ``--dynamic-mig``: every MIG change counter and duration series at 0 from start."""
+    at_zero(
+        MIG_RECONFIGURATIONS,
+        *({"operation": o, "outcome": r} for o in MIG_OPERATIONS for r in MIG_OUTCOMES),
+    )
+    histogram_at_zero(
+        "gpu_dra_mig_reconfigure_duration", *({"operation": o} for o in MIG_OPERATIONS)
+    )

@@ -37,7 +37,13 @@ from agent.node.checkpoint import Checkpoint, PreparedClaim
 from agent.node.checkpoint_store import CheckpointStore
 from agent.node.errors import NodeError
 from agent.node.offload import IoThreads
-from agent.telemetry.metrics import CHECKPOINT_WRITE_DURATION, PREPARED_CLAIMS, observe, set_gauge
+from agent.telemetry.metrics import (
+    CHECKPOINT_WRITE_DURATION,
+    PREPARED_CLAIMS,
+    histogram_at_zero,
+    observe,
+    set_gauge,
+)
 from agent.telemetry.tracing import tracer
 
 
@@ -56,6 +62,7 @@ class CheckpointCommitter:
         behind a write that expects no follow-up: it runs while the caller goes on.
         ``driver`` labels the ``gpu_dra_prepared_claims`` gauge this keeps current."""
         self._driver = driver
+        histogram_at_zero("gpu_dra_checkpoint_write_duration")
         self._store = store
         self._tidy = tidy
         self._checkpoint = checkpoint

@@ -15,6 +15,7 @@ from agent.node.plan import node_devices
 from agent.sharing.effector import SharingEffector
 from agent.sharing.mps import MpsDaemons
 from agent.sharing.tools import DriverTools
+from agent.telemetry.metrics import MPS_DAEMONS, SHARING_CHANGES, at_zero, set_gauge
 
 __all__ = ["SharingEffector", "build_sharing"]
 
@@ -39,4 +40,19 @@ def build_sharing(
         tools, plugin_dir, host_root, mount_shm=not simulated and os.geteuid() == 0
     )
     devices = node_devices(inventory, dynamic_mig=dynamic_mig)
+    metrics_at_zero()
     return SharingEffector(ComputeModes(nvml), tools, daemons, devices)
+
+
+def metrics_at_zero() -> None:
+    """The sharing metrics at 0 from start: every change counter, no MPS daemon."""
+    at_zero(
+        SHARING_CHANGES,
+        *(
+            {"strategy": strategy, "operation": operation, "outcome": outcome}
+            for strategy in ("TimeSlicing", "MPS")
+            for operation in ("apply", "restore")
+            for outcome in ("success", "error")
+        ),
+    )
+    set_gauge(MPS_DAEMONS, 0)

@@ -95,6 +95,13 @@ async def _request(
         return payload
 
 
+async def api_request(
+    session: aiohttp.ClientSession, method: str, path: str, body: Obj | None = None
+) -> Obj:
+    """One JSON request; raises :class:`ApiRequestError` with the server's message."""
+    return await _request(session, method, path, body)
+
+
 @dataclass
 class ClusterView:
     """What allocation on one node reads from the API server."""

@@ -1,8 +1,9 @@
 """The DeviceClasses the agent's deployment installs, for clusters that have none.
 
-``deploy/kubernetes/base/deviceclasses.yaml`` is what a cluster gets; ``explain --simulate``,
-the demo and the integration tests need the same classes without kustomize, so they live
-here too (a test checks the two stay equal).
+``deploy/kubernetes/base/deviceclasses.yaml`` is what a cluster gets (and
+``overlays/extended-resources`` on 1.36+); ``explain --simulate``, the demo and the
+integration tests need the same classes without kustomize, so they live here too (a test
+checks the two stay equal).
 """
 
 from __future__ import annotations
@@ -37,9 +38,14 @@ def _channel_class() -> dict[str, Any]:
     }
 
 
-def default_device_classes() -> list[dict[str, Any]]:
-    return [
-        _device_class("gpu.nvidia.com", "gpu"),
-        _device_class("mig.nvidia.com", "mig"),
-        _channel_class(),
-    ]
+def default_device_classes(*, extended_resources: bool = False) -> list[dict[str, Any]]:
+    """The base's classes; with ``extended_resources`` those of the ``extended-resources``
+    overlay (Kubernetes 1.36+): ``gpu.nvidia.com`` serves ``nvidia.com/gpu``."""
+    gpu = _device_class("gpu.nvidia.com", "gpu")
+    if extended_resources:
+        gpu["spec"]["extendedResourceName"] = EXTENDED_RESOURCE_NAME
+    return [gpu, _device_class("mig.nvidia.com", "mig"), _channel_class()]
+
+
+#: What pods written for NVIDIA's device plugin ask for.
+EXTENDED_RESOURCE_NAME = "nvidia.com/gpu"

@@ -118,7 +118,7 @@ def _count_in(meter: metrics.Meter, counter: DropCounter) -> None:
             kept = _counted[id(meter)] = (meter, counters)
 
             def observe(_options: metrics.CallbackOptions) -> list[metrics.Observation]:
-                totals: dict[str, int] = {}
+                totals: dict[str, int] = {"queue_full": 0}  # exported at 0 from the start
                 for each in list(counters):
                     for reason, count in list(each.by_reason.items()):
                         totals[reason] = totals.get(reason, 0) + count

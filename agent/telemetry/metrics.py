@@ -18,7 +18,8 @@ telemetry must not fail a prepare, a publish or a health transition.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Final
 
 from opentelemetry import metrics
@@ -70,15 +71,27 @@ IO_BUCKETS: Final = (
 HEALTH_STATES: Final = ("Healthy", "Unhealthy", "Unknown")
 
 _meter = metrics.get_meter(METER_NAME)
+#: Each histogram's (unit, description, buckets), for :func:`histogram_at_zero`.
+_HISTOGRAMS: dict[str, tuple[str, str, tuple[float, ...]]] = {}
+
+
+def _histogram(
+    name: str, unit: str, description: str, buckets: tuple[float, ...]
+) -> metrics.Histogram:
+    _HISTOGRAMS[name] = (unit, description, buckets)
+    return _meter.create_histogram(
+        name, unit, description, explicit_bucket_boundaries_advisory=buckets
+    )
+
 
 RPC_REQUESTS = _meter.create_counter(
     "gpu_dra_rpc_requests", "{request}", "kubelet gRPC calls answered, by method and status code"
 )
-RPC_DURATION = _meter.create_histogram(
+RPC_DURATION = _histogram(
     "gpu_dra_rpc_duration",
     "s",
     "time to answer a kubelet gRPC call, by method",
-    explicit_bucket_boundaries_advisory=RPC_BUCKETS,
+    RPC_BUCKETS,
 )
 CLAIM_ERRORS = _meter.create_counter(
     "gpu_dra_claim_errors",
@@ -108,6 +121,9 @@ HEALTH_EVENTS = _meter.create_counter(
 SLICE_WRITES = _meter.create_counter(
     "gpu_dra_slice_writes", "{write}", "ResourceSlice writes that succeeded, by verb"
 )
+#: The ``verb`` of ``gpu_dra_slice_writes_total``; the ``reason`` of the watch restarts.
+SLICE_WRITE_VERBS: Final = ("create", "update", "delete")
+SLICE_WATCH_REASONS: Final = ("ended", "expired", "error", "resync")
 SLICE_PUBLISH_ERRORS = _meter.create_counter(
     "gpu_dra_slice_publish_errors",
     "{error}",
@@ -118,17 +134,17 @@ SLICE_WATCH_RESTARTS = _meter.create_counter(
     "{restart}",
     "ResourceSlice watches restarted, by reason (ended, expired, error, resync)",
 )
-NVML_CALL_DURATION = _meter.create_histogram(
+NVML_CALL_DURATION = _histogram(
     "gpu_dra_nvml_call_duration",
     "s",
     "time of one piece of NVML work in the NVML thread, by call",
-    explicit_bucket_boundaries_advisory=IO_BUCKETS,
+    IO_BUCKETS,
 )
-CHECKPOINT_WRITE_DURATION = _meter.create_histogram(
+CHECKPOINT_WRITE_DURATION = _histogram(
     "gpu_dra_checkpoint_write_duration",
     "s",
     "time of one durable checkpoint write (file and directory fsync)",
-    explicit_bucket_boundaries_advisory=IO_BUCKETS,
+    IO_BUCKETS,
 )
 
 MIG_RECONFIGURATIONS = _meter.create_counter(
@@ -136,12 +152,12 @@ MIG_RECONFIGURATIONS = _meter.create_counter(
     "{reconfiguration}",
     "dynamic MIG changes (operation: create, destroy, mode), by outcome (success, error, busy)",
 )
-MIG_RECONFIGURE_DURATION = _meter.create_histogram(
+MIG_RECONFIGURE_DURATION = _histogram(
     "gpu_dra_mig_reconfigure_duration",
     "s",
     "time of one dynamic MIG change (a GPU and compute instance made or destroyed, a MIG mode "
     "switch), NVML calls and retries included, by operation",
-    explicit_bucket_boundaries_advisory=RPC_BUCKETS,
+    RPC_BUCKETS,
 )
 SHARING_CHANGES = _meter.create_counter(
     "gpu_dra_sharing_changes",
@@ -222,6 +238,52 @@ PROCESS_NAMES: Final = (
     "process_max_fds",
     "process_start_time_seconds",
 )
+
+
+def at_zero(counter: metrics.Counter, *label_sets: Mapping[str, str]) -> None:
+    """Export these series of ``counter`` at 0 from now on (a counter never added to has no
+    series: a dashboard shows "no data" and ``increase()`` or ``absent()`` cannot see it).
+    Called where a feature starts, with every label set it can record (a fixed set only)."""
+    for labels in label_sets:
+        try:
+            counter.add(0, dict(labels))
+        except Exception:  # telemetry never fails the caller
+            log.debug("recording %s failed", getattr(counter, "name", counter), exc_info=True)
+
+
+def slice_writes_at_zero(driver: str) -> None:
+    """The slice write and watch restart counters at 0 (the supervisor calls it before the
+    kubelet's sockets open, ahead of the publisher, which needs the API client)."""
+    at_zero(SLICE_WRITES, *({"driver": driver, "verb": verb} for verb in SLICE_WRITE_VERBS))
+    at_zero(SLICE_WATCH_RESTARTS, *({"reason": reason} for reason in SLICE_WATCH_REASONS))
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyHistogram:
+    """A histogram series shown with empty buckets until its first measurement (the SDK has no
+    point for it before; the Prometheus endpoint adds it, :mod:`agent.telemetry.prometheus`)."""
+
+    name: str  # the instrument's name
+    unit: str
+    description: str
+    buckets: tuple[float, ...]
+    labels: tuple[tuple[str, str], ...]
+
+
+_empty_histograms: dict[tuple[str, tuple[tuple[str, str], ...]], EmptyHistogram] = {}
+
+
+def histogram_at_zero(name: str, *label_sets: Mapping[str, str]) -> None:
+    """Show these series of the histogram ``name`` at 0 on the Prometheus endpoint until they
+    get their first measurement (with no label set given: its one series without labels)."""
+    unit, description, buckets = _HISTOGRAMS[name]
+    for labels in label_sets or ({},):
+        key = tuple(sorted(labels.items()))
+        _empty_histograms[(name, key)] = EmptyHistogram(name, unit, description, buckets, key)
+
+
+def empty_histograms() -> list[EmptyHistogram]:
+    return list(_empty_histograms.values())
 
 
 def add(counter: metrics.Counter, amount: int, **labels: str) -> None:

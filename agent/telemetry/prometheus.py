@@ -31,6 +31,8 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.samples import Exemplar
 
+from agent.telemetry.metrics import EmptyHistogram, empty_histograms
+
 log = logging.getLogger(__name__)
 
 #: OpenTelemetry (UCUM) units and the words Prometheus names end with; as the exporter maps them.
@@ -115,6 +117,7 @@ class OpenTelemetryCollector:
                         self._translate(metric, families)
                     except Exception:
                         log.warning("cannot translate metric %s", metric.name, exc_info=True)
+        _add_empty_histograms(families, empty_histograms())
         return list(families.values())
 
     def _translate(self, metric: Any, families: dict[str, Metric]) -> None:
@@ -163,6 +166,25 @@ class OpenTelemetryCollector:
                     if len(bucket) == 3:
                         self._exemplars[(name, tuple(values), index)] = bucket[2]
                 family.add_metric(labels(point), buckets, point.sum)  # type: ignore[attr-defined]
+
+
+def _add_empty_histograms(families: dict[str, Metric], empty: Sequence[EmptyHistogram]) -> None:
+    """The declared histogram series that have no measurement yet, with empty buckets."""
+    for histogram in empty:
+        name, unit = metric_name(histogram.name), unit_word(histogram.unit)
+        keys = [label_name(k) for k, _ in histogram.labels]
+        family = families.get(f"{name}|histogram")
+        if family is None:
+            family = families[f"{name}|histogram"] = HistogramMetricFamily(
+                name, histogram.description, labels=keys, unit=unit
+            )
+        present = {tuple(sorted(s.labels.items())) for s in family.samples}
+        wanted = tuple(sorted((label_name(k), v) for k, v in histogram.labels))
+        if any(set(wanted) <= set(labels) for labels in present):
+            continue  # measured already
+        bounds = [repr(float(b)) for b in histogram.buckets] + ["+Inf"]
+        values = [dict(wanted).get(k, "") for k in family._labelnames]  # type: ignore[attr-defined]
+        family.add_metric(values, [(le, 0) for le in bounds], 0.0)  # type: ignore[attr-defined]
 
 
 def histogram_buckets(point: Any, kept: Mapping[int, Exemplar | None] | None = None) -> list[Any]:

@@ -11,6 +11,7 @@ from agent.config import DEFAULT_CDI_ROOT, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRA
 from agent.dra.cdi import claim_spec_file_name, common_spec_file_name
 from agent.node.checkpoint_store import FILE_NAME as CHECKPOINT_FILE
 from agent.node.engine import LOCK_FILE
+from agent.switches import Switch
 from tests.deploy.conftest import ROOT
 
 DOC = ROOT / "docs" / "OPERATIONS.md"
@@ -48,13 +49,19 @@ def test_every_shipped_file_is_named_or_its_directory_is() -> None:
 def _flags(argv: list[str]) -> set[str]:
     parser = build_parser(argv)
     sub = parser._subparsers._group_actions[0].choices[argv[0]]  # type: ignore[union-attr]
-    return {o for a in sub._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+    flags = set()
+    for action in sub._actions:
+        # a switch's --no-x is its grammar (documented once, below), not a setting of its own
+        strings = action.option_strings[:1] if isinstance(action, Switch) else action.option_strings
+        flags |= {o for o in strings if o.startswith("--")}
+    return flags - {"--help"}
 
 
 def test_every_flag_variable_and_subcommand_is_documented() -> None:
     doc = text()
     for flag in _flags(["run"]) | _flags(["probe"]):
         assert f"`{flag}`" in doc, flag
+    assert "`--no-dynamic-mig`" in doc and "`--dynamic-mig=false`" in doc  # the switch grammar
     for setting in SETTINGS:
         if setting.env:
             assert f"`{setting.env}`" in doc, setting.env

@@ -24,6 +24,7 @@ still holds them) and deleted, so one test's allocations never exhaust the next 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -395,16 +396,21 @@ def workdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-async def fresh_harness(workdir: Path) -> AsyncIterator[AgentHarness]:
-    """API server (with this node's Node) and kubelet emulator; no agent running yet."""
+@contextlib.asynccontextmanager
+async def cluster(workdir: Path, **kubelet_options: Any) -> AsyncIterator[AgentHarness]:
+    """API server (with this node's Node) and kubelet emulator (``kubelet_options`` added to
+    its arguments); no agent running yet, one left running is stopped at the end."""
     async with EmbeddedApiServer() as server:
         server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
         for device_class in default_device_classes():
             server.put_object(device_class)
         access = ApiAccess(server.url, server.token)
         async with KubeletEmulator(
-            workdir / "registry", node_name=NODE, poll_interval=0.05, api_access=access
+            workdir / "registry",
+            node_name=NODE,
+            poll_interval=0.05,
+            api_access=access,
+            **kubelet_options,
         ) as kl:
             harness = AgentHarness(workdir, server, kl)
             try:
@@ -412,6 +418,13 @@ async def fresh_harness(workdir: Path) -> AsyncIterator[AgentHarness]:
             finally:
                 if harness.agent is not None and harness.agent.returncode is None:
                     await harness.agent.stop()
+
+
+@pytest.fixture(scope="module")
+async def fresh_harness(workdir: Path) -> AsyncIterator[AgentHarness]:
+    """API server (with this node's Node) and kubelet emulator; no agent running yet."""
+    async with cluster(workdir) as harness:
+        yield harness
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,9 @@ variable, lets it die, restarts it without, and retries as the kubelet would.
 from __future__ import annotations
 
 import json
+from typing import Any
 
+import anyio
 import pytest
 
 from agent.crash import CRASH_POINTS, ENV_VAR, EXIT_STATUS
@@ -101,14 +103,20 @@ async def test_corrupt_checkpoint_is_quarantined_with_a_warning_event(
     assert len(quarantined) == 1
     assert quarantined[0].read_text().startswith('{"schemaVersion": 1')
 
-    warnings = [
-        e
-        for e in harness.server.list_objects("events", NAMESPACE)
-        if e["involvedObject"].get("kind") == "Node"
-        and e["involvedObject"]["name"] == NODE
-        and e["type"] == "Warning"
-    ]
-    assert warnings, json.dumps(harness.server.list_objects("events", NAMESPACE), indent=1)
+    def warnings() -> list[dict[str, Any]]:
+        return [
+            e
+            for e in harness.server.list_objects("events", NAMESPACE)
+            if e["involvedObject"].get("kind") == "Node"
+            and e["involvedObject"]["name"] == NODE
+            and e["type"] == "Warning"
+        ]
+
+    # posted once the API client exists, which may be just after the registration
+    with anyio.move_on_after(5):
+        while not warnings():  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    assert warnings(), json.dumps(harness.server.list_objects("events", NAMESPACE), indent=1)
 
     ref, _ = await harness.allocate(gpu_request(), name="after-corruption")  # still serving
     assert (await harness.prepare(ref))[ref.uid].error == ""

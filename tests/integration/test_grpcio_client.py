@@ -27,7 +27,14 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = ROOT / "proto"
 CLIENT = Path(__file__).with_name("grpcio_kubelet.py")
-PROTOS = ("pluginregistration/api.proto", "dra/v1/api.proto", "dra/v1beta1/api.proto")
+HEALTH_CLIENT = Path(__file__).with_name("grpcio_health.py")
+PROTOS = (
+    "pluginregistration/api.proto",
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
+    "dra-health/v1alpha1/api.proto",
+    "dra-health/v1/api.proto",
+)
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +107,20 @@ async def test_grpcio_kubelet(harness: AgentHarness, generated: Path, version: s
     assert answer["unprepare"] == {good.uid: "", missing.uid: ""}
     harness.assert_consistent()
     assert good.uid not in harness.checkpoint_claims()
+
+
+@pytest.mark.parametrize("version", ["v1alpha1", "v1"])
+async def test_grpcio_health_stream(harness: AgentHarness, generated: Path, version: str) -> None:
+    """Kubelets 1.34-1.36 read v1alpha1, 1.37 v1: both carry the timeout and the message."""
+    command = [sys.executable, str(HEALTH_CLIENT), str(generated), str(harness.dra_socket), version]
+    result = await anyio.run_process(command, check=False)
+    assert result.returncode == 0, result.stderr.decode()
+    answer = json.loads(result.stdout)
+    assert answer["service"] == f"{version}.DRAResourceHealth"
+    devices = answer["devices"]
+    assert sorted(d["device_name"] for d in devices) == sorted(f"gpu-{i}" for i in range(8))
+    for device in devices:
+        assert device["pool_name"] == NODE and device["health"] == "HEALTHY"
+        assert device["health_check_timeout_seconds"] == 30
+        assert device["message"].endswith(": no active fault")
+        assert device["last_updated_time"] > 1_700_000_000

@@ -71,6 +71,7 @@ async def test_demo_exits_0() -> None:
     assert "CDI device k8s.gpu.nvidia.com/" in output
     assert "ResourceSlice taint on gpu-3: gpu.nvidia.com/xid=79:NoExecute" in output
     assert "gpu-3 Healthy again" in output
+    assert "time-sliced (Long) by the" in output  # nvidia.com/gpu: 2 served by DRA (KEP-5004)
     assert "the first prepare as one trace" in output
     tree = output.split("the first prepare as one trace")[1].splitlines()[1:]
     assert (
@@ -78,3 +79,10 @@ async def test_demo_exits_0() -> None:
     )
     assert any(line.startswith("       resourceclaim.get") for line in tree)  # two levels down
     assert "demo finished: every step worked" in output
+    # readable: the slice listing summarises each slice (dynamic MIG: 208 devices in 9
+    # slices), and explain's table of the third 4-GPU claim fits a screen
+    slices = output.split("ResourceSlices published")[1].split("\n5.")[0].splitlines()[1:]
+    assert len(slices) == 9 and all(len(line) <= 160 for line in slices), slices
+    assert any("1 gpu device(s) (gpu-0), 25 mig device(s)" in line for line in slices)
+    table = output.split("gpu-dra-agent explain on a third claim")[1].split("\n6.")[0]
+    assert len(table.splitlines()) <= 40 and "allocated to default/one-gpu" in table

@@ -1,5 +1,6 @@
 """A real Prometheus scrapes the real agent: every documented metric arrives, exemplars carry
-the kubelet's trace id, and every PromQL expression of the shipped dashboard returns data.
+the kubelet's trace id, every PromQL expression of the shipped dashboard returns data, and the
+shipped alert rules load, the "device tainted" one firing for the GPU of an injected XID.
 
 Prometheus is the binary of Debian's ``prometheus`` package, which ``make test`` fetches into
 ``.cache/prometheus/`` (``make prometheus``, without installing the package), started here on
@@ -50,6 +51,7 @@ pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "observability" / "grafana" / "dashboards" / "gpu-dra-agent.json"
 PROMETHEUS = ROOT / ".cache" / "prometheus" / "prometheus"
+ALERT_RULES = ROOT / "deploy" / "observability" / "alerts.yaml"
 HISTOGRAMS = {n for n in PROMETHEUS_NAMES if n.endswith("_seconds")}
 TRAY_NODE = "tray-a"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices*"
@@ -115,6 +117,7 @@ def prometheus_for(tmp_path: Path) -> Iterator[Any]:
         listed = ", ".join(f"'{t}'" for t in targets)
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            f"rule_files: ['{ALERT_RULES}']\n"
             "scrape_configs:\n"
             "  - job_name: gpu-dra-agent\n"
             f"    static_configs: [{{targets: [{listed}]}}]\n"
@@ -264,6 +267,22 @@ async def test_prometheus_scrapes_every_documented_metric_and_the_dashboard_work
             f'gpu_dra_device_health{{{node_a},device="gpu-3",state="Unhealthy"}}'
         )
         assert [float(r["value"][1]) for r in unhealthy] == [1.0]
+        # the shipped alert rules are loaded, and "device tainted" fires for the XID's GPU
+        groups = prometheus.get("/api/v1/rules")["groups"]
+        assert {r["name"] for g in groups for r in g["rules"]} >= {"GpuDraDeviceTainted"}
+        deadline = time.monotonic() + 15
+        while True:
+            alerts = prometheus.get("/api/v1/alerts")["alerts"]
+            tainted = [
+                a["labels"]
+                for a in alerts
+                if a["labels"]["alertname"] == "GpuDraDeviceTainted" and a["state"] == "firing"
+            ]
+            if any(a.get("gpu") == "gpu-3" and a["instance"] == target for a in tainted):
+                break
+            assert time.monotonic() < deadline, alerts
+            await anyio.sleep(0.5)
+        assert all(a["gpu"] == "gpu-3" for a in tainted), tainted  # one alert, for that GPU
         xids = prometheus.query(f'gpu_dra_health_events_total{{{node_a},kind="xid",xid="79"}}')
         assert xids and float(xids[0]["value"][1]) >= 1
         ok = prometheus.query(

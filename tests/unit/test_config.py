@@ -172,11 +172,10 @@ def test_run_command_reports_config_errors(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_health_settings_from_flags_beat_the_environment() -> None:
-    import argparse
-
     from agent.run import configure_parser
+    from agent.switches import SwitchParser
 
-    parser = argparse.ArgumentParser()
+    parser = SwitchParser()
     configure_parser(parser)
     args = parser.parse_args(
         [

@@ -1,5 +1,5 @@
 """``gpu-dra-agent explain``: the real command line on a fitting and a non-fitting claim,
-table and machine formats, and the exit codes (0 fits, 1 does not, 2 bad claim)."""
+table and machine formats, and the exit codes (0 fits, 1 does not, 2 the claim at fault)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,19 @@ async def test_a_bad_claim_exits_2_and_a_failing_selector_is_shown(tmp_path: Pat
         "device.attributes['gpu.nvidia.com'].nvlinkPeerCount.compareTo(quantity('4')) > 0"
     )
     bad.write_text(yaml.safe_dump(claim))
-    code, out, _ = await explain(str(bad), "--simulate", "dgx-h100")
-    assert code == 1 and "type error at 1:53: no such overload: int.compareTo(quantity)" in out
+    # fails at run time on every device the class admits: the claim's fault (exit 2), and the
+    # explanation is printed as for a claim that does not fit
+    code, out, err = await explain(str(bad), "--simulate", "dgx-h100")
+    assert code == 2 and "type error at 1:53: no such overload: int.compareTo(quantity)" in out
+    assert "the claim is at fault: request gpus: its selector fails on every device" in err
+    # on a host where only some devices reach the failing branch, it is not the claim's fault
+    selector["expression"] = (
+        "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA H100') || "
+        "device.attributes['gpu.nvidia.com'].nvlinkPeerCount.compareTo(quantity('4')) > 0"
+    )
+    bad.write_text(yaml.safe_dump(claim))
+    code, out, err = await explain(str(bad), "--simulate", "dgx-h100")
+    assert code == 0 and "at fault" not in err, (out, err)
     code, _, err = await explain(str(tmp_path / "missing.yaml"), "--simulate", "dgx-h100")
     assert code == 2 and "bad claim" in err
 
@@ -215,11 +226,77 @@ def test_counters_another_claim_exhausted_and_blocking_taints_are_reported() -> 
     }
     assert by_name["gpu-0-half-1"]["taints"] == [{**taint, "blocks": True}]
     assert json.loads(json.dumps(report)) == report  # JSON-ready as it is
-    table = render_table(report)
+    table = render_table(report, all_devices=True)  # --all: every counter of every device
     assert "allocated to default/other" in table
     assert "counter gpu-0-counters/slice-0: needs 1, 0 left" in table
     assert "taint gpu.nvidia.com/xid=79:NoExecute (blocks)" in table
     assert "why it does not fit:" in table
+    table = render_table(report)  # by default: one reason per device, counters per set
+    assert "allocated to default/other" in table
+    assert "counter set gpu-0-counters exhausted: " in table and " and 1 more" in table
+    assert "counter gpu-0-counters/slice-0" not in table
+    assert "taint gpu.nvidia.com/xid=79:NoExecute" in table
+    assert "why it does not fit:" in table
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(not _can_partition(), reason="agent.dra cannot publish partitionable devices")
+async def test_the_demos_third_4_gpu_claim_on_a_dynamic_mig_host_reads_in_40_lines(
+    tmp_path: Path,
+) -> None:
+    """The demo's claims (one GPU, then 4 H100s on one NUMA node) allocated on a dynamic-MIG
+    dgx-h100 in an API server, then a third 4-GPU claim explained against it: the table fits a
+    screen (40 lines of at most 160 characters) and still says why each GPU is out; ``--all``
+    lists all 208 devices."""
+    from agent.demo.claims import CLAIM_SPECS
+    from agent.discover import name_for_preview
+    from agent.dra import build_device_set, build_slices
+    from agent.dra.partitionable import DynamicMig
+    from agent.hardware.discovery import discover_host
+    from agent.sim.allocation import ApiAccess, claim_from_request, create_and_allocate_claim
+    from agent.sim.apiserver import EmbeddedApiServer
+    from agent.sim.deviceclasses import default_device_classes
+
+    node = "gpu-node"
+    inventory = await discover_host("dgx-h100", tmp_path / "host")
+    device_set = build_device_set(inventory, dynamic_mig=DynamicMig())
+    slices = build_slices(
+        device_set.devices,
+        node_name=node,
+        driver_name="gpu.nvidia.com",
+        counter_sets=device_set.counter_sets,
+    )
+    async with EmbeddedApiServer() as server:
+        server.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        for obj in [*default_device_classes(), *name_for_preview(slices)]:
+            server.put_object(obj)
+        access = ApiAccess(server.url, server.token)
+        request, constraints = CLAIM_SPECS["four-gpus"]
+        for name, (spec, rules) in CLAIM_SPECS.items():
+            manifest = claim_from_request(name, spec, namespace="default", constraints=rules)
+            await create_and_allocate_claim(access, manifest, node)
+        third = claim_from_request(
+            "four-more", request, namespace="default", constraints=constraints
+        )
+        path = tmp_path / "four-more.yaml"
+        path.write_text(yaml.safe_dump(third))
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        args = [str(path), "--kubeconfig", str(kubeconfig), "--node", node]
+        code, out, err = await explain(*args)
+        assert code == 1, err
+        lines = out.splitlines()
+        assert len(lines) <= 40 and max(len(line) for line in lines) <= 160, out
+        gpus = {line.split()[0]: line for line in lines if line.startswith("  gpu-")}
+        assert sorted(gpus) == [f"gpu-{i}" for i in range(8)], out
+        in_use = [g for g, line in gpus.items() if "in use" in line]
+        assert len(in_use) == 5, out  # one-gpu's GPU and four-gpus' four
+        assert all("allocated to default/" in gpus[g] for g in in_use), out
+        assert "not shown: 200 device(s) of other classes than gpu.nvidia.com" in out
+        assert "why it does not fit:" in out
+        code, every, _ = await explain(*args, "--all")
+        assert code == 1
+        names = {line.split()[0] for line in every.splitlines() if line.startswith("  gpu-")}
+        assert len(names) == 208
 
 
 def share_claim(tmp_path: Path, memory: str) -> str:

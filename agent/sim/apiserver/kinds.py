@@ -136,6 +136,11 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
         status_subresource=True, keep_status_on_create=True, validators=(validate_metadata,),
     ),
     ResourceKind(
+        "", "v1", "pods", "Pod", True,
+        status_subresource=True, field_selectors=("spec.nodeName",),
+        validators=(validate_metadata,),
+    ),
+    ResourceKind(
         "", "v1", "events", "Event", True,
         field_selectors=("involvedObject.name", "involvedObject.kind", "involvedObject.uid",
                          "reason", "type"),
@@ -144,6 +149,10 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
     ResourceKind(
         "resource.nvidia.com", "v1beta1", "computedomains", "ComputeDomain", True,
         status_subresource=True, custom=True, validators=(validate_metadata,),
+    ),
+    ResourceKind(
+        "resource.nvidia.com", "v1beta1", "computedomaincliques", "ComputeDomainClique", True,
+        custom=True, validators=(validate_metadata,),
     ),
     ResourceKind(
         "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,

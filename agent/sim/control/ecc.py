@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 
 from agent.sim.control.commands import add_target, run_request
+from agent.switches import add_switch
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
     add_target(parser)
-    parser.add_argument("--single-bit", action="store_true", help="a corrected single-bit error")
+    add_switch(parser, "single-bit", default=False, help="a corrected single-bit error")
 
 
 async def run(args: argparse.Namespace) -> int:

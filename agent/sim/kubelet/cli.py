@@ -29,6 +29,7 @@ from agent.sim.kubelet.events import logger
 from agent.sim.kubelet.health import DEFAULT_HEALTH_TIMEOUT, DEFAULT_STREAM_RETRY_DELAY
 from agent.sim.kubelet.pods import PodAdmissionError, PodClaims, create_claims
 from agent.sim.kubelet.wipe import DEFAULT_WIPE_DELAY
+from agent.switches import add_switch
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -54,15 +55,18 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_WIPE_DELAY,
         help="seconds without a connected plugin instance before a driver's slices are wiped",
     )
-    parser.add_argument(
-        "--no-auto-wipe",
-        action="store_true",
-        help="never wipe slices of disconnected drivers (the kubelet always does)",
+    add_switch(
+        parser,
+        "auto-wipe",
+        default=True,
+        help="wipe the slices of drivers that disconnected, as the kubelet always does "
+        "(default: on; --no-auto-wipe never wipes them)",
     )
-    parser.add_argument(
-        "--no-wipe-on-start",
-        action="store_true",
-        help="do not wipe this node's slices at start (the kubelet does)",
+    add_switch(
+        parser,
+        "wipe-on-start",
+        default=True,
+        help="wipe this node's slices at start, as the kubelet does (default: on)",
     )
     parser.add_argument(
         "--health-timeout",
@@ -98,9 +102,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="seconds to keep retrying while the pod's claims do not fit or its driver is "
         "not registered",
     )
-    parser.add_argument(
-        "--delete-claims",
-        action="store_true",
+    add_switch(
+        parser,
+        "delete-claims",
+        default=False,
         help="when stopping, delete the pod's claims (as for claims from a template) instead "
         "of releasing them",
     )
@@ -142,9 +147,9 @@ async def run(args: argparse.Namespace) -> int:
             kube_client_config=configuration,
             health_timeout=args.health_timeout,
             health_retry_delay=args.health_retry_delay,
-            auto_wipe=configuration is not None and not args.no_auto_wipe,
+            auto_wipe=configuration is not None and args.auto_wipe,
             wipe_delay=args.wipe_delay,
-            wipe_on_start=configuration is not None and not args.no_wipe_on_start,
+            wipe_on_start=configuration is not None and args.wipe_on_start,
         ) as kubelet:
             logger.info(
                 "kubelet emulator watching %s for node %s", args.registrar_dir, args.node_name

@@ -24,6 +24,9 @@ from agent.sim.kubelet.grpc_calls import CALL_ERRORS, call_with_deadline, descri
 SUPPORTED_DRA_SERVICES = (api.DRA_V1_SERVICE, api.DRA_V1BETA1_SERVICE)
 #: Health services, best first: 1.37 prefers v1 and still accepts v1alpha1.
 SUPPORTED_HEALTH_SERVICES = (api.HEALTH_V1_SERVICE, api.HEALTH_V1ALPHA1_SERVICE)
+#: What a kubelet of 1.34-1.36 consumes: the v1alpha1 health service only (``health_services``
+#: of :class:`~agent.sim.kubelet.KubeletEmulator` emulates it).
+KUBELET_1_36_HEALTH_SERVICES = (api.HEALTH_V1ALPHA1_SERVICE,)
 
 EMPTY_VERSIONS_MESSAGE = "empty list of supported gRPC services (aka supported versions)"
 
@@ -53,9 +56,13 @@ class PluginRejected(Exception):
     """PluginInfo failed validation; the message is sent back to the plugin."""
 
 
-def choose_services(supported_versions: Sequence[str]) -> tuple[str, str | None]:
-    """Pick the DRA service (first in *plugin* order that the kubelet supports) and the best
-    advertised health service, or raise PluginRejected with the kubelet's reason."""
+def choose_services(
+    supported_versions: Sequence[str],
+    health_services: Sequence[str] = SUPPORTED_HEALTH_SERVICES,
+) -> tuple[str, str | None]:
+    """Pick the DRA service (first in *plugin* order that the kubelet supports) and the first
+    of ``health_services`` (the kubelet's, best first) the plugin advertises, or raise
+    PluginRejected with the kubelet's reason."""
     if not supported_versions:
         raise PluginRejected(EMPTY_VERSIONS_MESSAGE)
     dra = next((v for v in supported_versions if v in SUPPORTED_DRA_SERVICES), None)
@@ -64,12 +71,17 @@ def choose_services(supported_versions: Sequence[str]) -> tuple[str, str | None]
             f"none of the plugin's gRPC services {list(supported_versions)} is supported by the "
             f"kubelet, which supports {list(SUPPORTED_DRA_SERVICES)}"
         )
-    health = next((h for h in SUPPORTED_HEALTH_SERVICES if h in supported_versions), None)
+    health = next((h for h in health_services if h in supported_versions), None)
     return dra, health
 
 
 def validate_plugin_info(
-    socket: Path, plugin_type: str, name: str, endpoint: str, versions: Sequence[str]
+    socket: Path,
+    plugin_type: str,
+    name: str,
+    endpoint: str,
+    versions: Sequence[str],
+    health_services: Sequence[str] = SUPPORTED_HEALTH_SERVICES,
 ) -> PluginRegistration:
     """Apply the kubelet's checks to a PluginInfo; raise PluginRejected with the message the
     kubelet would send in ``NotifyRegistrationStatus``."""
@@ -81,7 +93,7 @@ def validate_plugin_info(
     try:
         if not name:
             raise PluginRejected("plugin name is empty")
-        dra, health = choose_services(versions)
+        dra, health = choose_services(versions, health_services)
     except PluginRejected as exc:
         raise PluginRejected(
             f"RegisterPlugin error -- plugin validation failed with err: {exc}"
@@ -100,6 +112,7 @@ async def register_plugin(
     socket: Path,
     timeouts: RegistrationTimeouts,
     on_accepted: Callable[[PluginRegistration], None],
+    health_services: Sequence[str] = SUPPORTED_HEALTH_SERVICES,
 ) -> tuple[PluginRegistration, str | None]:
     """Run one registration attempt; raise RegistrationError if the plugin is not registered.
 
@@ -128,7 +141,12 @@ async def register_plugin(
             ) from exc
         try:
             registration = validate_plugin_info(
-                socket, info.type, info.name, info.endpoint, list(info.supported_versions)
+                socket,
+                info.type,
+                info.name,
+                info.endpoint,
+                list(info.supported_versions),
+                health_services,
             )
         except PluginRejected as exc:
             await _notify(stub, timeouts, registered=False, error=str(exc))

@@ -22,7 +22,8 @@ from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
 from agent.health.monitor import HealthMonitor
 from agent.health.policy import HealthPolicy
-from agent.health.state import Health, HealthStateMachine, device_map
+from agent.health.records import Health, device_map
+from agent.health.state import HealthStateMachine
 from agent.health.stream import HealthHub
 from agent.kube.events import LoggingEventPoster
 from tests.support.profile_slices import profile_inventory

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.health.metrics import MeasuredHub, count_events
-from agent.health.state import DeviceStatus, Health
+from agent.health.records import DeviceStatus, Health
 from tests.support.metrics import reading
 
 DRIVER = "test-health.example.com"

@@ -21,7 +21,7 @@ from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
 from agent.health.monitor import HealthMonitor
 from agent.health.policy import HealthPolicy
-from agent.health.state import Health
+from agent.health.records import Health
 from agent.health.stream import HealthHub
 from agent.kube.events import LoggingEventPoster
 from agent.telemetry.tracing import configure_tracing
@@ -194,4 +194,22 @@ async def test_a_new_inventory_keeps_the_gpus_conditions(start: Start) -> None:
         run.monitor.set_inventory(fewer)
         assert [s.name for s in run.monitor.hub.current] == ["gpu-0", "gpu-1"]
         assert run.publisher.taints() == {"gpu-0": [("gpu.nvidia.com/xid", "79", "NoExecute")]}
+        group.cancel_scope.cancel()
+
+
+async def test_the_unmonitored_effect_learnt_after_start_republishes_the_taint(
+    start: Start,
+) -> None:
+    """The monitor starts before the API server's version is read (NoSchedule, valid
+    everywhere); a 1.35+ server's effect replaces it on the held taint, republished once."""
+    async with anyio.create_task_group() as group:
+        run: Running = await start(group, fail_registration=1000)
+        await run.until(lambda: run.publisher.calls != [])
+        calls = len(run.publisher.calls)
+        run.monitor.set_unmonitored_effect("None")
+        assert len(run.publisher.calls) == calls + 1
+        assert run.publisher.taints() == {"gpu-0": [("gpu.nvidia.com/unmonitored", "", "None")]}
+        assert run.health()["gpu-0"] is Health.UNKNOWN
+        run.monitor.set_unmonitored_effect("None")
+        assert len(run.publisher.calls) == calls + 1  # nothing changed: nothing republished
         group.cancel_scope.cancel()

@@ -18,7 +18,8 @@ from agent.health.policy import (
     parse_xid_actions,
     unmonitored_effect_for,
 )
-from agent.health.state import HealthStateMachine, device_map
+from agent.health.records import device_map
+from agent.health.state import HealthStateMachine
 from tests.support.inventories import gpu_uuid, h100_node
 from tests.support.k8s_schema import SUPPORTED_VERSIONS, taint_effects, validate
 

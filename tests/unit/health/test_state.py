@@ -7,13 +7,8 @@ import pytest
 from agent.dra.model import DeviceTaint
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.health.policy import HealthPolicy, XidAction, policy_with
-from agent.health.state import (
-    MAX_MESSAGE_LENGTH,
-    GpuDevices,
-    Health,
-    HealthStateMachine,
-    device_map,
-)
+from agent.health.records import GpuDevices, Health, device_map
+from agent.health.state import MAX_MESSAGE_LENGTH, HealthStateMachine
 from tests.support.inventories import h100_mixed_mig_node
 
 A, B, M = "GPU-a", "GPU-b", "GPU-m"
@@ -166,6 +161,28 @@ def test_unmonitored_gpu_is_unknown_with_the_policys_effect_until_registered(eff
     status = {s.name: s for s in sm.statuses()}["gpu-1"]
     assert status.health is Health.UNKNOWN and "Not Supported" in status.message
     assert sm.observe([HealthEvent(B, EventKind.MONITORED)], T0 + 1)[0].change == "removed"
+
+
+def test_the_unmonitored_effect_follows_the_server_version_learnt_later() -> None:
+    """The monitor starts with NoSchedule (valid on every server) before the version is read;
+    a held unmonitored taint takes the effect chosen then, and so do the ones that follow."""
+    sm = machine(HealthPolicy())
+    sm.observe([HealthEvent(B, EventKind.UNMONITORED, detail="NVML: Not Supported")], T0)
+    sm.observe([xid(A, 79)], T0)
+    assert sm.set_unmonitored_effect("None") is True
+    assert [(d.key, d.effect) for d in sm.taints()["gpu-1"]] == [
+        ("gpu.nvidia.com/unmonitored", "None")
+    ]
+    assert [(d.key, d.effect) for d in sm.taints()["gpu-0"]] == [
+        ("gpu.nvidia.com/xid", "NoExecute")
+    ]
+    assert sm.set_unmonitored_effect("None") is False  # nothing left to change
+    [t] = sm.observe([HealthEvent(A, EventKind.UNMONITORED)], T0 + 1)
+    assert t.taint == "gpu.nvidia.com/unmonitored:None"
+    assert len(sm.conditions) == 3
+    assert sm.observe([HealthEvent(B, EventKind.MONITORED)], T0 + 2)[0].change == "removed"
+    with pytest.raises(ValueError, match="not a taint effect"):
+        sm.set_unmonitored_effect("PreferNoSchedule")
 
 
 def test_configured_actions_and_unknown_gpus() -> None:

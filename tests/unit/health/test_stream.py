@@ -14,7 +14,7 @@ import grpclib.const
 import pytest
 from grpclib.client import Channel
 
-from agent.health.state import DeviceStatus, Health
+from agent.health.records import DeviceStatus, Health
 from agent.health.stream import HEALTH_VERSIONS, HealthHub, HealthStreamService
 from agent.kubelet import api
 from agent.kubelet.plugin import KubeletPlugin

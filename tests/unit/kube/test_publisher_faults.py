@@ -48,6 +48,8 @@ async def test_conflict_on_first_update_is_retried(
         rule = apiserver.faults.fail_next("PUT", SLICES_PATH, 409)
         publisher.set_devices(tainted(devices, 1))
         await converged_on(apiserver, tainted(devices, 1), 3)
+        with anyio.fail_after(10):  # the store holds it before the publisher has the answer
+            await publisher.wait_converged()
     assert rule.hits == 1
     assert publisher.stats.errors == 1 and publisher.stats.updates == 1
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from agent.api_side import health_policy_for_server
 from agent.health.policy import HealthPolicy
 from agent.kube.client import create_api_client
 from agent.kube.rawapi import RawSliceApi, parse_server_version
 from agent.sim.apiserver import EmbeddedApiServer
-from agent.supervisor import _health_policy_for_server
 from tests.support.k8s_schema import taint_effects
 
 pytestmark = pytest.mark.anyio
@@ -50,7 +50,7 @@ async def test_supervisor_picks_the_effect_the_server_accepts(
         assert await RawSliceApi(client).read_server_version() == tuple(
             int(p) for p in served.split(".")[:2]
         )
-        policy = await _health_policy_for_server(client, HealthPolicy(quarantine_seconds=7))
+        policy = await health_policy_for_server(client, HealthPolicy(quarantine_seconds=7))
     finally:
         await client.close()
         await server.stop()
@@ -65,7 +65,7 @@ async def test_unreachable_server_gets_the_effect_every_version_accepts(tmp_path
     server.faults.fail_next("GET", "/version*", 500, count=None)
     client = await create_api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
     try:
-        policy = await _health_policy_for_server(client, HealthPolicy())
+        policy = await health_policy_for_server(client, HealthPolicy())
     finally:
         await client.close()
         await server.stop()

@@ -135,5 +135,9 @@ async def test_sim_allocate_and_explain_commands(
     result = await anyio.run_process(explain, check=False)
     out = result.stdout.decode()
     assert result.returncode == 0, out + result.stderr.decode()
+    assert "gpu-0   in use     allocated to default/a" in out
+    assert "gpu: gpu.nvidia.com/node-a/gpu-3" in out
+    result = await anyio.run_process([*explain, "--all"], check=False)
+    out = result.stdout.decode()
     assert "gpu-0   in use     class:yes; request:yes  allocated to default/a" in out
     assert "device: gpu-3" in out

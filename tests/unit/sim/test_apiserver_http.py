@@ -232,7 +232,13 @@ async def test_other_kinds_and_discovery(http: aiohttp.ClientSession) -> None:
         "coordination.k8s.io",
     }
     _, core = await call(http, "GET", "/api/v1")
-    assert {r["name"] for r in core["resources"]} == {"nodes", "nodes/status", "events"}
+    assert {r["name"] for r in core["resources"]} == {
+        "nodes",
+        "nodes/status",
+        "pods",
+        "pods/status",
+        "events",
+    }
     _, api = await call(http, "GET", "/api")
     assert api["versions"] == ["v1"]
 

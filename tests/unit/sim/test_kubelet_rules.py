@@ -15,6 +15,7 @@ from agent.sim.kubelet import DeviceHealthState
 from agent.sim.kubelet.health import HealthCache
 from agent.sim.kubelet.registration import (
     EMPTY_VERSIONS_MESSAGE,
+    KUBELET_1_36_HEALTH_SERVICES,
     PluginRejected,
     choose_services,
     validate_plugin_info,
@@ -39,6 +40,11 @@ H1, H1A1 = api.HEALTH_V1_SERVICE, api.HEALTH_V1ALPHA1_SERVICE
 )
 def test_choose_services(versions: list[str], expected: tuple[str, str | None]) -> None:
     assert choose_services(versions) == expected
+
+
+def test_a_1_36_kubelet_takes_the_v1alpha1_health_service() -> None:
+    assert choose_services([V1, V1BETA1, H1A1, H1], KUBELET_1_36_HEALTH_SERVICES) == (V1, H1A1)
+    assert choose_services([V1, H1], KUBELET_1_36_HEALTH_SERVICES) == (V1, None)
 
 
 def test_choose_services_rejects_empty_and_unsupported_lists() -> None:
