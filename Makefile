@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # agent package again (about 0.15 s of CPU a start; an installed agent has its .pyc files).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test lint proto bench soak clean tools cdi-schema prometheus image image-tools test-image
+.PHONY: demo test lint proto bench soak fleet clean tools cdi-schema prometheus image image-tools test-image
 
 # Files the tests take from Debian's packages live in a cache inside the checkout, fetched
 # without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
@@ -98,6 +98,13 @@ bench: $(STAMP)
 ## soak: SOAK_CYCLES (10000) prepare/unprepare cycles against the real agent (docs/RELIABILITY.md)
 soak: $(STAMP)
 	$(BIN)/python -m benchmarks.soak
+
+## fleet: NODES agents in CLIQUES racks against one API server, ComputeDomain scenarios
+## (docs/PERFORMANCE.md "Fleet"); e.g. make fleet NODES=72 CLIQUES=4; more: FLEET_ARGS
+NODES ?= 18
+CLIQUES ?= 1
+fleet: $(STAMP)
+	$(BIN)/python -m benchmarks.fleet --nodes $(NODES) --cliques $(CLIQUES) $(FLEET_ARGS)
 
 clean:
 	rm -rf $(VENV) $(CACHE_DIR) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -20,9 +20,21 @@ from typing import Any
 
 import yaml
 
+from agent.config_values import ConfigError as ConfigError  # raised by load_config
+from agent.config_values import (
+    Value,
+    boolean,
+    choice,
+    command,
+    health_policy,
+    host_port,
+    ip_address,
+    seconds_up_to,
+    shares_mode,
+)
+from agent.config_values import parse_api_timeout as parse_api_timeout  # run and controller
 from agent.dra.names import is_dns_subdomain
-from agent.errors import AgentError
-from agent.health.policy import HealthPolicy, parse_xid_actions, policy_with
+from agent.health.policy import HealthPolicy
 
 DEFAULT_DRIVER_NAME = "gpu.nvidia.com"
 DEFAULT_REGISTRAR_DIR = Path("/var/lib/kubelet/plugins_registry")
@@ -45,13 +57,8 @@ MAX_IMEX_READY_TIMEOUT_S = 40.0
 #: ``--api-timeout-seconds``: how long one API call waits for its answer. A claim read is part
 #: of a prepare, which the kubelet gives 45 s, so it cannot usefully wait longer than this.
 DEFAULT_API_TIMEOUT_S = 10.0
-MAX_API_TIMEOUT_S = 40.0
 API_TIMEOUT_ENV = "GPU_DRA_API_TIMEOUT_SECONDS"
 _INSTANCE_ID = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
-
-
-class ConfigError(AgentError):
-    """A setting is missing or invalid; the message names the flag, variable or key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("slice-layout", "GPU_DRA_SLICE_LAYOUT", "auto"),
     Setting("adopt-mig-instances", "GPU_DRA_ADOPT_MIG_INSTANCES", "false"),
     Setting("mig-mode-off-when-idle", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE", "true"),
+    # KEP-5075 shares: disabled|memory|unlimited|<N> (docs/OPERATIONS.md, "Consumable shares")
+    Setting("consumable-shares", "GPU_DRA_CONSUMABLE_SHARES", "disabled"),
     # KEP-5304 device metadata files (docs/OPERATIONS.md, "Device metadata")
     Setting("device-metadata", "GPU_DRA_DEVICE_METADATA", "false"),
     # ComputeDomains: the compute-domain.nvidia.com driver (docs/OPERATIONS.md, "ComputeDomains")
@@ -104,6 +113,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("imex-daemon-cmd", "GPU_DRA_IMEX_DAEMON_CMD", "nvidia-imex"),
     Setting("imex-ready-timeout-seconds", "GPU_DRA_IMEX_READY_TIMEOUT_SECONDS", "20"),
     Setting("node-ip", "NODE_IP", None),
+    Setting("compute-domain-membership", "GPU_DRA_COMPUTE_DOMAIN_MEMBERSHIP", "cliques"),
+    Setting("namespace", "POD_NAMESPACE", "gpu-dra-agent"),
     Setting("sim-fabric-dir", "GPU_DRA_SIM_FABRIC_DIR", None, is_path=True),
     # every API client's request timeout (watches: their connect and first answer)
     Setting("api-timeout-seconds", API_TIMEOUT_ENV, f"{DEFAULT_API_TIMEOUT_S:g}"),
@@ -134,12 +145,15 @@ class AgentConfig:
     slice_layout: str = "auto"  # one of SLICE_LAYOUTS
     adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
     mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
+    consumable_shares: str = "disabled"  # agent.dra.shares.parse_mode accepts it
     device_metadata: bool = False  # KEP-5304 metadata file and CDI mount per prepared request
     # ComputeDomains (agent/imex): the second driver, compute-domain.nvidia.com
     compute_domains: str = "auto"  # one of COMPUTE_DOMAIN_MODES
     imex_daemon_cmd: str = "nvidia-imex"
     imex_ready_timeout_s: float = 20.0
     node_ip: str | None = None  # where this node's IMEX daemon listens; else the Node's address
+    membership: str = "cliques"  # ComputeDomainCliques, or the domain's status.nodes ("status")
+    namespace: str = "gpu-dra-agent"  # the driver's namespace (ComputeDomainCliques live there)
     sim_fabric_dir: Path | None = None  # simulated IMEX peers find each other here
     api_timeout_s: float = DEFAULT_API_TIMEOUT_S  # each API call's bound (--api-timeout-seconds)
 
@@ -169,12 +183,6 @@ class AgentConfig:
         (compute-domain.nvidia.com), named like this driver's."""
         other = dataclasses.replace(self, driver_name=driver)
         return other.dra_socket, other.registration_socket
-
-
-@dataclass(frozen=True, slots=True)
-class _Value:
-    value: str
-    source: str  # how an operator finds it: "--node-name", "NODE_NAME", "file.yaml: node-name"
 
 
 def read_config_file(path: Path) -> dict[str, str]:
@@ -213,22 +221,22 @@ def _merge(
     environ: Mapping[str, str],
     file_values: Mapping[str, str],
     path: Path | None,
-) -> dict[str, _Value]:
-    merged: dict[str, _Value] = {}
+) -> dict[str, Value]:
+    merged: dict[str, Value] = {}
     for setting in SETTINGS:
         flag_value = flags.get(setting.attribute)
         if flag_value is not None:
-            merged[setting.key] = _Value(str(flag_value), setting.flag)
+            merged[setting.key] = Value(str(flag_value), setting.flag)
         elif setting.env is not None and environ.get(setting.env):
-            merged[setting.key] = _Value(environ[setting.env], setting.env)
+            merged[setting.key] = Value(environ[setting.env], setting.env)
         elif setting.key in file_values:
-            merged[setting.key] = _Value(file_values[setting.key], f"{path}: {setting.key}")
+            merged[setting.key] = Value(file_values[setting.key], f"{path}: {setting.key}")
         elif setting.default is not None:
-            merged[setting.key] = _Value(setting.default, f"default of {setting.flag}")
+            merged[setting.key] = Value(setting.default, f"default of {setting.flag}")
     return merged
 
 
-def _absolute(value: _Value) -> Path:
+def _absolute(value: Value) -> Path:
     if not value.value.strip():
         raise ConfigError(f"{value.source} is empty; give a directory or file path")
     return Path(value.value).absolute()
@@ -322,22 +330,25 @@ def load_config(
         host_root=roots["host-root"],
         simulate=simulate.value if simulate is not None else None,
         instance_id=instance_id,
-        health_monitoring=_boolean(values["health-monitoring"]),
-        health=_health_policy(values),
+        health_monitoring=boolean(values["health-monitoring"]),
+        health=health_policy(values),
         metrics_address=(
-            _host_port(values["metrics-address"]) if "metrics-address" in values else None
+            host_port(values["metrics-address"]) if "metrics-address" in values else None
         ),
-        dynamic_mig=_boolean(values["dynamic-mig"]),
-        slice_layout=_choice(values["slice-layout"], SLICE_LAYOUTS),
-        adopt_mig_instances=_boolean(values["adopt-mig-instances"]),
-        mig_mode_off_when_idle=_boolean(values["mig-mode-off-when-idle"]),
-        device_metadata=_boolean(values["device-metadata"]),
-        compute_domains=_choice(values["compute-domains"], COMPUTE_DOMAIN_MODES),
-        imex_daemon_cmd=_command(values["imex-daemon-cmd"]),
-        imex_ready_timeout_s=_seconds(
+        dynamic_mig=boolean(values["dynamic-mig"]),
+        slice_layout=choice(values["slice-layout"], SLICE_LAYOUTS),
+        adopt_mig_instances=boolean(values["adopt-mig-instances"]),
+        mig_mode_off_when_idle=boolean(values["mig-mode-off-when-idle"]),
+        consumable_shares=shares_mode(values["consumable-shares"]),
+        device_metadata=boolean(values["device-metadata"]),
+        compute_domains=choice(values["compute-domains"], COMPUTE_DOMAIN_MODES),
+        imex_daemon_cmd=command(values["imex-daemon-cmd"]),
+        imex_ready_timeout_s=seconds_up_to(
             values["imex-ready-timeout-seconds"], MAX_IMEX_READY_TIMEOUT_S
         ),
-        node_ip=_ip(values["node-ip"]) if "node-ip" in values else None,
+        node_ip=ip_address(values["node-ip"]) if "node-ip" in values else None,
+        membership=choice(values["compute-domain-membership"], ("cliques", "status")),
+        namespace=values["namespace"].value,
         sim_fabric_dir=_absolute(values["sim-fabric-dir"]) if "sim-fabric-dir" in values else None,
         api_timeout_s=parse_api_timeout(
             values["api-timeout-seconds"].value, values["api-timeout-seconds"].source
@@ -351,107 +362,3 @@ def load_config(
         f"{values['registrar-dir'].source}, the driver name or the instance id",
     )
     return config
-
-
-def _boolean(value: _Value) -> bool:
-    text = value.value.strip().lower()
-    if text in ("true", "yes", "on", "1"):
-        return True
-    if text in ("false", "no", "off", "0"):
-        return False
-    raise ConfigError(f"{value.source} {value.value!r} is not a boolean; use true or false")
-
-
-def _choice(value: _Value, choices: tuple[str, ...]) -> str:
-    text = value.value.strip().lower()
-    if text not in choices:
-        raise ConfigError(f"{value.source} {value.value!r} is not one of {', '.join(choices)}")
-    return text
-
-
-def _command(value: _Value) -> str:
-    text = value.value.strip()
-    if not text:
-        raise ConfigError(f"{value.source} is empty; name the IMEX daemon, e.g. nvidia-imex")
-    return text
-
-
-def _seconds(value: _Value, maximum: float) -> float:
-    try:
-        seconds = float(value.value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= maximum:
-        raise ConfigError(
-            f"{value.source} {value.value!r} is not a number of seconds in (0, {maximum:g}] "
-            "(the kubelet's deadline for a prepare is 45 s)"
-        )
-    return seconds
-
-
-def parse_api_timeout(text: str, source: str) -> float:
-    """``--api-timeout-seconds`` (``run`` and ``controller``): seconds in (0, 40]; the
-    ConfigError names ``source`` (the flag, the variable or the config file's key)."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= MAX_API_TIMEOUT_S:
-        raise ConfigError(
-            f"{source} {text!r} is not a number of seconds in (0, {MAX_API_TIMEOUT_S:g}]: it "
-            "bounds each call to the API server (a claim read is part of a prepare, which the "
-            "kubelet gives 45 s)"
-        )
-    return seconds
-
-
-def _ip(value: _Value) -> str:
-    import ipaddress
-
-    try:
-        return str(ipaddress.ip_address(value.value.strip()))
-    except ValueError:
-        raise ConfigError(
-            f"{value.source} {value.value!r} is not an IP address (in a DaemonSet, take it "
-            "from the downward API field status.hostIP)"
-        ) from None
-
-
-def _host_port(value: _Value) -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPV6]:PORT`` or ``:PORT`` (all interfaces); port 0 picks a free one."""
-    text = value.value.strip()
-    host, sep, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        sep = ""  # an IPv6 address needs brackets to tell its last group from the port
-    if (
-        not sep
-        or not port.isdigit()
-        or not 0 <= int(port) <= 65535
-        or any(c in host for c in "[] /")
-    ):
-        raise ConfigError(
-            f"{value.source} {value.value!r} is not a listen address: use HOST:PORT, e.g. "
-            "0.0.0.0:9464, 127.0.0.1:9464 or [::]:9464"
-        )
-    return host or "0.0.0.0", int(port)
-
-
-def _health_policy(values: Mapping[str, _Value]) -> HealthPolicy:
-    xids, quarantine = values.get("health-xids"), values.get("health-quarantine-seconds")
-    try:
-        overrides = parse_xid_actions(xids.value) if xids is not None else None
-    except ValueError as err:
-        raise ConfigError(f"{xids.source if xids else 'health-xids'}: {err}") from err
-    seconds = None
-    if quarantine is not None:
-        try:
-            seconds = float(quarantine.value)
-        except ValueError:
-            seconds = -1.0
-        if not 0 <= seconds < float("inf"):
-            raise ConfigError(
-                f"{quarantine.source} {quarantine.value!r} is not a number of seconds (>= 0)"
-            )
-    return policy_with(overrides, seconds)

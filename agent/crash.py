@@ -40,8 +40,11 @@ EngineCrashPoint = Literal[
 #: instance exists, its compute instance exists.
 MigCrashPoint = Literal["after-mig-intent", "after-gpu-instance", "after-compute-instance"]
 #: The steps of sharing a device (``agent.sharing``): the GPU's compute mode (and time-slice)
-#: changed, an MPS control daemon started (its pid recorded).
-SharingCrashPoint = Literal["after-compute-mode", "after-mps-daemon-start"]
+#: changed, an MPS control daemon started (its pid recorded), a KEP-5075 share's daemon
+#: ready with its memory limit (``--consumable-shares``).
+SharingCrashPoint = Literal[
+    "after-compute-mode", "after-mps-daemon-start", "after-mps-share-limits"
+]
 #: The steps of a durable write (``agent.node.durable.write_atomic``: checkpoint, CDI specs):
 #: the temporary is written and fsynced but not renamed; renamed, its directory not fsynced.
 #: Subject: the target's file name.

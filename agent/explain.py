@@ -63,6 +63,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "with shared counters), as the agent does with --dynamic-mig",
     )
     parser.add_argument(
+        "--consumable-shares",
+        metavar="MODE",
+        default="disabled",
+        help="with --simulate: the host publishes shareable devices, as the agent does with "
+        "--consumable-shares MODE (disabled, memory, unlimited or N)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         choices=["table", "yaml", "json"],
@@ -119,7 +126,9 @@ def dynamic_mig_builders() -> tuple[Any, Any, Any]:
     return build_device_set, build_slices, dynamic
 
 
-async def _simulated_view(profile: str, node: str, driver: str, dynamic_mig: bool) -> Any:
+async def _simulated_view(
+    profile: str, node: str, driver: str, dynamic_mig: bool, shares: Any = None
+) -> Any:
     from agent.discover import name_for_preview
     from agent.dra import build_device_set, build_slices
     from agent.hardware.discovery import discover_host
@@ -130,7 +139,7 @@ async def _simulated_view(profile: str, node: str, driver: str, dynamic_mig: boo
         inventory = await discover_host(profile, Path(root))
     if dynamic_mig:
         build_set, build, settings = dynamic_mig_builders()
-        device_set = build_set(inventory, dynamic_mig=settings())
+        device_set = build_set(inventory, dynamic_mig=settings(), shares=shares)
         built = build(
             device_set.devices,
             node_name=node,
@@ -139,7 +148,7 @@ async def _simulated_view(profile: str, node: str, driver: str, dynamic_mig: boo
         )
     else:
         built = build_slices(
-            build_device_set(inventory).devices, node_name=node, driver_name=driver
+            build_device_set(inventory, shares=shares).devices, node_name=node, driver_name=driver
         )
     slices = name_for_preview(built)
     classes = {c["metadata"]["name"]: c for c in default_device_classes()}
@@ -156,6 +165,8 @@ async def _cluster_view(kubeconfig: Path, node: str) -> Any:
 
 async def run(args: argparse.Namespace) -> int:
     from agent.dra.allocator import ClaimSpecError, allocate, build_node_state, explain, parse_claim
+    from agent.dra.errors import InvalidValueError
+    from agent.dra.shares import parse_mode
 
     if args.kubeconfig is not None and not args.node:
         print("gpu-dra-agent explain: --node is required with --kubeconfig", file=sys.stderr)
@@ -174,12 +185,16 @@ async def run(args: argparse.Namespace) -> int:
             dynamic_mig_builders()  # before reading the claim: the option itself is unusable
         document = load_claim(args.claim)
         if args.simulate is not None:
-            view = await _simulated_view(args.simulate, node, args.driver_name, dynamic_mig)
+            shares = parse_mode(getattr(args, "consumable_shares", "disabled"))
+            view = await _simulated_view(args.simulate, node, args.driver_name, dynamic_mig, shares)
         else:
             view = await _cluster_view(args.kubeconfig, node)
         claim = parse_claim(document, view.classes)
     except DynamicMigUnavailableError as err:
         print(f"gpu-dra-agent explain: {err}", file=sys.stderr)
+        return EXIT_BAD_CLAIM
+    except InvalidValueError as err:
+        print(f"gpu-dra-agent explain: --consumable-shares {err}", file=sys.stderr)
         return EXIT_BAD_CLAIM
     except (ClaimSpecError, OSError) as err:
         print(f"gpu-dra-agent explain: bad claim: {err}", file=sys.stderr)

@@ -56,6 +56,13 @@ def _details(device: dict[str, Any]) -> str:
             details.append(
                 f"counter {counter['counterSet']}/{counter['counter']}: needs {counter['needs']}, {counter['available']} left"
             )
+    for capacity in device.get("capacity", []):  # a shared device (KEP-5075)
+        consumes = capacity["consumes"] or "(breaks its request policy)"
+        details.append(
+            f"capacity {capacity['capacity']}: {capacity['remaining']} left, needs {consumes}"
+        )
+    if device.get("sharedBy"):
+        details.append(f"shared by {', '.join(device['sharedBy'])}")
     if "problem" in device:
         details.append(device["problem"])
     for selector in device["selectors"]:
@@ -96,9 +103,10 @@ def render_table(report: dict[str, Any], *, all_devices: bool = False) -> str:
             or "(no candidates)"
         )
         lines.append("")
+        kind = "matchAttribute" if "matchAttribute" in constraint else "distinctAttribute"
         lines.append(
             clip(
-                f"constraint matchAttribute {constraint['matchAttribute']} over {', '.join(constraint['requests'])}: {groups}"
+                f"constraint {kind} {constraint[kind]} over {', '.join(constraint['requests'])}: {groups}"
             )
         )
     lines.append("")
@@ -163,7 +171,8 @@ def _admitted_devices(request: dict[str, Any]) -> list[str]:
 
 
 def _why(device: dict[str, Any]) -> str:
-    """The first reason an admitted device is out, in a few words ("-": it is not out)."""
+    """The first reason an admitted device is out, in a few words; of a shared device, what is
+    left of it ("-": nothing to say)."""
     verdict = device["verdict"]
     if verdict == "selector error":
         error = next(s["error"] for s in device["selectors"] if "error" in s)
@@ -184,7 +193,15 @@ def _why(device: dict[str, Any]) -> str:
         return f"allocated to {device['allocatedTo']}"
     if verdict == "counters exhausted":
         return "; ".join(_counter_sets(device))
-    return "-"
+    # a shared device (KEP-5075), out for its capacity or not: what is left of it, who shares it
+    phrases = [
+        f"capacity {c['capacity']}: {c['remaining']} left, needs "
+        f"{c['consumes'] or '(breaks its request policy)'}"
+        for c in device.get("capacity", [])
+    ]
+    if device.get("sharedBy"):
+        phrases.append(f"shared by {', '.join(device['sharedBy'])}")
+    return "; ".join(phrases) or "-"
 
 
 def _counter_sets(device: dict[str, Any]) -> list[str]:

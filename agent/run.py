@@ -137,6 +137,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "[GPU_DRA_DEVICE_METADATA] (default: false)",
     )
     add(
+        "--consumable-shares",
+        metavar="disabled|memory|unlimited|N",
+        help="publish full GPUs and static MIG devices for several claims at once (KEP-5075): "
+        "shares ask for memory (memory: default the whole GPU; unlimited: default none) or "
+        "one of N shares [GPU_DRA_CONSUMABLE_SHARES] (default: disabled)",
+    )
+    add(
         "--compute-domains",
         metavar="auto|on|off",
         help="serve the compute-domain.nvidia.com driver (ComputeDomains over IMEX): auto where "
@@ -161,6 +168,20 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="IP",
         help="the address this node's IMEX daemon listens on [NODE_IP] (default: the Node's "
         "InternalIP)",
+    )
+    add(
+        "--compute-domain-membership",
+        metavar="cliques|status",
+        help="where a node's membership in a ComputeDomain is written: its clique's "
+        "ComputeDomainClique (one object per rack, the controller aggregates) or the domain's "
+        "status.nodes (every node writes one object) [GPU_DRA_COMPUTE_DOMAIN_MEMBERSHIP] "
+        "(default: cliques)",
+    )
+    add(
+        "--namespace",
+        metavar="NS",
+        help="the driver's namespace, where ComputeDomainCliques live [POD_NAMESPACE] "
+        "(default: gpu-dra-agent)",
     )
     add(
         "--sim-fabric-dir",

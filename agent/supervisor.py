@@ -131,6 +131,7 @@ class Supervisor:
         # (aiohttp, kubernetes-asyncio) are loaded by connect_api, after the sockets are open.
         from agent.api_side import connect_api
         from agent.dra import build_devices
+        from agent.dra.shares import parse_mode
         from agent.hardware.discovery import discover, nvml_session
         from agent.kube.deferred import (
             DeferredClaimReader,
@@ -154,7 +155,8 @@ class Supervisor:
             log.info("serving Prometheus metrics", extra={"url": endpoint.url})
         session = await stack.enter_async_context(nvml_session(config.simulate, config.host_root))
         inventory = await discover(session.nvml, config.host_root)
-        devices = build_devices(inventory)
+        shares = parse_mode(config.consumable_shares)  # --consumable-shares (agent.dra.shares)
+        devices = build_devices(inventory, shares=shares)
         log.info(
             "discovered %d GPU(s), %d allocatable device(s)",
             len(inventory.gpus),
@@ -253,7 +255,7 @@ class Supervisor:
             dynamic_mig = _dynamic_mig_settings(engine.checkpoint, config.adopt_mig_instances)
             if report.rolled_back:  # recovery destroyed what a crash made: read the GPUs again
                 inventory = await discover(session.nvml, config.host_root)
-            device_set = build_device_set(inventory, dynamic_mig=dynamic_mig)
+            device_set = build_device_set(inventory, dynamic_mig=dynamic_mig, shares=shares)
             devices, counter_sets = list(device_set.devices), device_set.counter_sets
             held_back = list(device_set.held_back)
         metadata.set_devices(devices)  # the devices as published (dynamic MIG: placements)
@@ -277,6 +279,7 @@ class Supervisor:
                 events=events,
                 driver_name=config.driver_name,
                 dynamic_mig=dynamic_mig,
+                shares=shares,
             )
             self._child(group, "health monitor", health.monitor.run)
         if session.simulated is not None:

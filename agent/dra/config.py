@@ -19,121 +19,65 @@ the configs of one claim together: ``sharing_problems``); ``agent.sharing`` appl
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
+from agent.dra.config_decode import MPS_FIELDS, Decoder
+from agent.dra.config_types import (
+    API_VERSION,
+    DEFAULT_CONFIGS,
+    MAX_PARAMETERS_BYTES,
+    SOURCE_RANK,
+    AllocationResult,
+    ConfigError,
+    ConfigSource,
+    DeviceConfigEntry,
+    DeviceKind,
+    EffectiveConfig,
+    GpuConfig,
+    MigDeviceConfig,
+    MpsConfig,
+    OpaqueConfig,
+    Sharing,
+    SharingStrategy,
+    TimeSliceInterval,
+    TimeSlicingConfig,
+)
 from agent.dra.errors import InvalidValueError
 from agent.dra.quantity import parse_quantity
-from agent.errors import AgentError
 
-API_VERSION = "resource.nvidia.com/v1beta1"
-MAX_PARAMETERS_BYTES = 10 * 1024  # OpaqueParametersMaxLength of resource.k8s.io
-DeviceKind = Literal["gpu", "mig"]
-ConfigSource = Literal["FromClass", "FromClaim"]
-_SOURCE_RANK: dict[str, int] = {"FromClass": 1, "FromClaim": 2}
+__all__ = [
+    "API_VERSION",
+    "DEFAULT_CONFIGS",
+    "MAX_PARAMETERS_BYTES",
+    "SOURCE_RANK",
+    "AllocationResult",
+    "ConfigError",
+    "ConfigSource",
+    "DeviceConfigEntry",
+    "DeviceKind",
+    "EffectiveConfig",
+    "GpuConfig",
+    "MigDeviceConfig",
+    "MpsConfig",
+    "OpaqueConfig",
+    "Sharing",
+    "SharingStrategy",
+    "TimeSliceInterval",
+    "TimeSlicingConfig",
+    "config_kind",
+    "config_to_dict",
+    "decode_parameters",
+    "default_config",
+    "effective_configs",
+    "load_parameters",
+    "parse_allocation",
+    "sharing_problems",
+]
+
 _E = TypeVar("_E", bound=StrEnum)
-
-
-class ConfigError(AgentError):
-    """A claim's device configuration is invalid; ``problems`` lists every mistake found."""
-
-    def __init__(self, problems: Sequence[str], claim: str = "") -> None:
-        self.problems = tuple(problems)
-        subject = f"claim {claim}: " if claim else ""
-        super().__init__(f"{subject}invalid device configuration: " + "; ".join(self.problems))
-
-
-class SharingStrategy(StrEnum):
-    TIME_SLICING = "TimeSlicing"
-    MPS = "MPS"
-
-
-class TimeSliceInterval(StrEnum):
-    DEFAULT = "Default"
-    SHORT = "Short"
-    MEDIUM = "Medium"
-    LONG = "Long"
-
-
-@dataclass(frozen=True)
-class TimeSlicingConfig:
-    interval: TimeSliceInterval = TimeSliceInterval.DEFAULT
-
-
-@dataclass(frozen=True)
-class MpsConfig:
-    """MPS defaults; quantities as spelled; per-device limits as sorted (UUID|index, qty)."""
-
-    default_active_thread_percentage: int | None = None
-    default_pinned_device_memory_limit: str | None = None
-    default_per_device_pinned_memory_limit: tuple[tuple[str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Sharing:
-    """How devices are shared; ``time_slicing`` only with TimeSlicing, ``mps`` only with MPS."""
-
-    strategy: SharingStrategy
-    time_slicing: TimeSlicingConfig | None = None
-    mps: MpsConfig | None = None
-
-    def __post_init__(self) -> None:  # normalized, so that equal meaning is equal value
-        if self.strategy is SharingStrategy.TIME_SLICING and self.time_slicing is None:
-            object.__setattr__(self, "time_slicing", TimeSlicingConfig())
-        if self.strategy is SharingStrategy.MPS and self.mps is None:
-            object.__setattr__(self, "mps", MpsConfig())
-
-
-@dataclass(frozen=True)
-class GpuConfig:
-    sharing: Sharing | None = None
-
-
-@dataclass(frozen=True)
-class MigDeviceConfig:
-    sharing: Sharing | None = None
-
-
-OpaqueConfig = GpuConfig | MigDeviceConfig
-DEFAULT_CONFIGS: Mapping[DeviceKind, OpaqueConfig] = {"gpu": GpuConfig(), "mig": MigDeviceConfig()}
-
-
-@dataclass(frozen=True)
-class AllocationResult:
-    """One ``status.allocation.devices.results[]`` entry, as far as prepare needs it."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    admin_access: bool = False
-
-    @property
-    def base_request(self) -> str:
-        """The request name without a subrequest suffix (``"req/sub"`` -> ``"req"``)."""
-        return self.request.split("/", 1)[0]
-
-
-@dataclass(frozen=True)
-class DeviceConfigEntry:
-    """One ``status.allocation.devices.config[]`` entry; ``parameters`` is the opaque object."""
-
-    source: ConfigSource
-    requests: tuple[str, ...]
-    driver: str
-    parameters: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class EffectiveConfig:
-    """The config that applies to one allocated device, and where it came from."""
-
-    result: AllocationResult
-    kind: DeviceKind
-    config: OpaqueConfig
-    origin: str  # "default" or "devices.config[<index>]"
 
 
 def config_kind(config: OpaqueConfig) -> DeviceKind:
@@ -150,7 +94,7 @@ def decode_parameters(
     parameters: Mapping[str, Any] | str | bytes, path: str = "parameters"
 ) -> OpaqueConfig:
     """Decode opaque parameters strictly; raises ``ConfigError`` naming every bad field."""
-    decoder = _Decoder()
+    decoder = Decoder()
     config = decoder.config(load_parameters(parameters, path), path)
     if decoder.problems or config is None:
         raise ConfigError(decoder.problems or [f"{path}: invalid"])
@@ -195,7 +139,7 @@ def config_to_dict(config: OpaqueConfig) -> dict[str, Any]:
             )
             encoded["mpsConfig"] = {
                 name: value
-                for name, value in zip(_MPS_FIELDS, values, strict=True)
+                for name, value in zip(MPS_FIELDS, values, strict=True)
                 if value is not None
             }
         document["sharing"] = encoded
@@ -223,7 +167,8 @@ def parse_allocation(
         if all(isinstance(value, str) and value for value in fields):
             request, driver, pool, device = map(str, fields)
             admin = item.get("adminAccess") is True
-            results.append(AllocationResult(request, driver, pool, device, admin))
+            share, consumed = _share(item, f"devices.results[{index}]", problems)
+            results.append(AllocationResult(request, driver, pool, device, admin, share, consumed))
         else:
             problems.append(f"devices.results[{index}]: {', '.join(_RESULT_KEYS)} must be set")
     configs: list[DeviceConfigEntry] = []
@@ -232,7 +177,7 @@ def parse_allocation(
         source, requests = entry.get("source"), entry.get("requests") or []
         opaque = entry["opaque"] if isinstance(entry.get("opaque"), Mapping) else {}
         config_driver, parameters = opaque.get("driver"), opaque.get("parameters")
-        if not isinstance(source, str) or source not in _SOURCE_RANK:
+        if not isinstance(source, str) or source not in SOURCE_RANK:
             problems.append(f"devices.config[{index}].source: must be FromClass or FromClaim")
         elif not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
             problems.append(f"devices.config[{index}].requests: must be a list of strings")
@@ -247,6 +192,30 @@ def parse_allocation(
     if problems:
         raise ConfigError(problems)
     return tuple(results), tuple(configs)
+
+
+def _share(
+    item: Mapping[str, Any], path: str, problems: list[str]
+) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """A result's KEP-5075 ``shareID`` and ``consumedCapacity`` (quantities by name)."""
+    share = item.get("shareID")
+    if share is not None and (not isinstance(share, str) or not _SHARE_ID.fullmatch(share)):
+        problems.append(f"{path}.shareID: {share!r} is not a UID")
+        share = None
+    consumed = item.get("consumedCapacity") or {}
+    if not isinstance(consumed, Mapping):
+        problems.append(f"{path}.consumedCapacity: must be an object")
+        return share, ()
+    pairs = []
+    for name, value in consumed.items():
+        try:
+            if isinstance(value, bool) or parse_quantity(str(value)) < 0:
+                raise InvalidValueError(str(value))
+        except InvalidValueError:
+            problems.append(f"{path}.consumedCapacity.{name}: {value!r} is not a quantity")
+            continue
+        pairs.append((str(name), str(value)))
+    return share, tuple(sorted(pairs))
 
 
 def effective_configs(
@@ -300,7 +269,7 @@ def effective_configs(
                         f" (use {type(DEFAULT_CONFIGS[kind]).__name__})"
                     )
                 continue
-            rank = (_SOURCE_RANK[entry.source], specific, index)
+            rank = (SOURCE_RANK[entry.source], specific, index)
             if best is None or rank > best[0]:
                 best = (rank, EffectiveConfig(result, kind, config, f"devices.config[{index}]"))
         chosen.append(
@@ -338,7 +307,7 @@ def sharing_problems(chosen: Sequence[EffectiveConfig], uuid_of: Callable[[str],
     for effective in mps:
         sharing = effective.config.sharing
         assert sharing is not None and sharing.mps is not None
-        path = f"{effective.origin}.opaque.parameters.sharing.mpsConfig.{_MPS_FIELDS[2]}"
+        path = f"{effective.origin}.opaque.parameters.sharing.mpsConfig.{MPS_FIELDS[2]}"
         for key, _limit in sharing.mps.default_per_device_pinned_memory_limit:
             if key.isdecimal() and int(key) >= len(devices):
                 problems.append(
@@ -351,112 +320,5 @@ def sharing_problems(chosen: Sequence[EffectiveConfig], uuid_of: Callable[[str],
 
 
 _RESULT_KEYS = ("request", "driver", "pool", "device")
-_SHARING_FIELDS = ("strategy", "mpsConfig", "timeSlicingConfig")
-_MPS_FIELDS = (
-    "defaultActiveThreadPercentage",
-    "defaultPinnedDeviceMemoryLimit",
-    "defaultPerDevicePinnedMemoryLimit",
-)
-
-
-class _Decoder:
-    """Walks a parameters object, recording every problem with its full field path."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-
-    def config(self, value: Any, path: str) -> OpaqueConfig | None:
-        obj = self._object(value, path, ("apiVersion", "kind", "sharing"))
-        if obj is None:
-            return None
-        api_version, kind = obj.get("apiVersion"), obj.get("kind")
-        if api_version != API_VERSION:
-            self.problems.append(f"{path}.apiVersion: must be {API_VERSION!r}, got {api_version!r}")
-        if kind not in ("GpuConfig", "MigDeviceConfig"):
-            self.problems.append(
-                f"{path}.kind: {kind!r} is not supported (supported: GpuConfig, MigDeviceConfig)"
-            )
-            return None
-        value = obj.get("sharing")
-        sharing = None if value is None else self.sharing(value, f"{path}.sharing", kind)
-        return GpuConfig(sharing) if kind == "GpuConfig" else MigDeviceConfig(sharing)
-
-    def sharing(self, value: Any, path: str, kind: str) -> Sharing | None:
-        allowed = _SHARING_FIELDS if kind == "GpuConfig" else _SHARING_FIELDS[:2]
-        obj = self._object(value, path, allowed)
-        if obj is None:
-            return None
-        strategy = self._enum(SharingStrategy, obj.get("strategy"), f"{path}.strategy")
-        if strategy is None:
-            return None
-        slicing_value, mps_value = obj.get("timeSlicingConfig"), obj.get("mpsConfig")
-        for name, value, needs in (
-            ("timeSlicingConfig", slicing_value, SharingStrategy.TIME_SLICING),
-            ("mpsConfig", mps_value, SharingStrategy.MPS),
-        ):
-            if value is not None and strategy is not needs:
-                self.problems.append(f"{path}.{name}: only allowed with strategy {needs}")
-        slicing: TimeSlicingConfig | None = None  # Sharing fills in the strategy's defaults
-        mps: MpsConfig | None = None
-        if strategy is SharingStrategy.TIME_SLICING and slicing_value is not None:
-            where = f"{path}.timeSlicingConfig"
-            interval = (self._object(slicing_value, where, ("interval",)) or {}).get("interval")
-            if interval is not None:
-                chosen = self._enum(TimeSliceInterval, interval, f"{where}.interval")
-                slicing = TimeSlicingConfig(chosen or TimeSliceInterval.DEFAULT)
-        if strategy is SharingStrategy.MPS and mps_value is not None:
-            mps = self.mps(mps_value, f"{path}.mpsConfig")
-        return Sharing(strategy, slicing, mps)
-
-    def mps(self, value: Any, path: str) -> MpsConfig | None:
-        obj = self._object(value, path, _MPS_FIELDS)
-        if obj is None:
-            return None
-        active_path, limit_field, per_device_field = (f"{path}.{f}" for f in _MPS_FIELDS)
-        percentage = obj.get(_MPS_FIELDS[0])
-        if percentage is not None and (type(percentage) is not int or not 0 <= percentage <= 100):
-            self.problems.append(f"{active_path}: must be an integer 0-100, got {percentage!r}")
-            percentage = None
-        limit = obj.get(_MPS_FIELDS[1])
-        limit = None if limit is None else self._quantity(limit, limit_field)
-        mapping = {} if obj.get(_MPS_FIELDS[2]) is None else obj[_MPS_FIELDS[2]]
-        if not isinstance(mapping, Mapping):
-            self.problems.append(f"{per_device_field}: must be an object, got {mapping!r}")
-            mapping = {}
-        per_device: list[tuple[str, str]] = []
-        for key, quantity in mapping.items():
-            if not (key.isdecimal() or key.startswith(("GPU-", "MIG-"))):
-                self.problems.append(f"{per_device_field}.{key}: not a GPU/MIG UUID or an index")
-            parsed = self._quantity(quantity, f"{per_device_field}.{key}")
-            if parsed is not None:
-                per_device.append((key, parsed))
-        return MpsConfig(percentage, limit, tuple(sorted(per_device)))
-
-    def _quantity(self, value: Any, path: str) -> str | None:
-        try:
-            valid = not isinstance(value, bool) and isinstance(value, str | int)
-            valid = valid and parse_quantity(str(value)) >= 0
-        except InvalidValueError:
-            valid = False
-        if not valid:
-            self.problems.append(
-                f"{path}: must be a non-negative quantity like '8Gi', got {value!r}"
-            )
-            return None
-        return str(value)
-
-    def _object(self, value: Any, path: str, allowed: Sequence[str]) -> Mapping[str, Any] | None:
-        if not isinstance(value, Mapping):
-            self.problems.append(f"{path}: must be an object, got {type(value).__name__}")
-            return None
-        for key in value:
-            if key not in allowed:
-                self.problems.append(f"{path}.{key}: unknown field (known: {', '.join(allowed)})")
-        return value
-
-    def _enum(self, enum: type[_E], value: Any, path: str) -> _E | None:
-        choices = ", ".join(member.value for member in enum)
-        if not isinstance(value, str) or value not in {member.value for member in enum}:
-            self.problems.append(f"{path}: must be one of {choices}, got {value!r}")
-            return None
-        return enum(value)
+#: A ``types.UID`` as the scheduler generates it (a UUID); at most 128 characters otherwise.
+_SHARE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -36,6 +36,7 @@ from agent.dra.model import (
 )
 from agent.dra.names import device_sort_key, gpu_device_name, mig_device_name, semver_from_numeric
 from agent.dra.partitionable import DynamicMig, MigSlot, partition, slot_consumption
+from agent.dra.shares import SharesMode, share_device
 from agent.hardware.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 
 #: Standard attribute names defined by Kubernetes (``k8s.io/dynamic-resource-allocation/deviceattribute``).
@@ -106,6 +107,7 @@ def build_devices(
     taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
     max_taints_per_device: int = limits.MAX_TAINTS_PER_DEVICE,
     dynamic_mig: DynamicMig | None = None,
+    shares: SharesMode | None = None,
 ) -> list[DraDevice]:
     """The devices of ``inventory``, sorted by name; see :func:`build_device_set`."""
     return list(
@@ -114,6 +116,7 @@ def build_devices(
             taints=taints,
             max_taints_per_device=max_taints_per_device,
             dynamic_mig=dynamic_mig,
+            shares=shares,
         ).devices
     )
 
@@ -124,6 +127,7 @@ def build_device_set(
     taints: Mapping[str, Sequence[DeviceTaint]] | None = None,
     max_taints_per_device: int = limits.MAX_TAINTS_PER_DEVICE,
     dynamic_mig: DynamicMig | None = None,
+    shares: SharesMode | None = None,
 ) -> DeviceSet:
     """Build every allocatable device of ``inventory``.
 
@@ -136,6 +140,8 @@ def build_device_set(
     With ``dynamic_mig`` (``--dynamic-mig``) every partitionable GPU is published as
     KEP-4815 partitionable devices: its counter set (in :attr:`DeviceSet.counter_sets`),
     the full GPU and every MIG placement consuming from it (``agent.dra.partitionable``).
+    With ``shares`` (``--consumable-shares``) full GPUs and static MIG devices may be
+    allocated to several claims at once (``agent.dra.shares``).
     """
     common = _InventoryVersions.of(inventory)
     dropped: list[DroppedAttribute] = []
@@ -192,6 +198,8 @@ def build_device_set(
                 f"{max_taints_per_device} are allowed for the target Kubernetes version"
             )
         by_name[name] = by_name[name].with_taints(tuple(device_taints))
+    if shares is not None:
+        by_name = {name: share_device(device, shares) for name, device in by_name.items()}
 
     return DeviceSet(
         devices=tuple(by_name[name] for name in sorted(by_name, key=device_sort_key)),

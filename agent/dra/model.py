@@ -9,12 +9,13 @@ renders the exact camelCase JSON of ``resource.k8s.io/v1``.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, Literal
 
 from agent.dra import limits
+from agent.dra.capacity import RequestPolicy
 from agent.dra.errors import InvalidNameError, InvalidValueError, LimitExceededError
 from agent.dra.names import (
     is_dns_label,
@@ -162,6 +163,10 @@ class DraDevice:
     taints: tuple[DeviceTaint, ...] = ()
     #: KEP-4815: the shared counters an allocation of this device uses up.
     consumes_counters: tuple[CounterConsumption, ...] = ()
+    #: KEP-5075: several claims may hold the device at once, each consuming capacity.
+    allow_multiple_allocations: bool = False
+    #: KEP-5075: capacity name -> what one allocation may take of it (needs the above).
+    request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Read-only copies: a device validated once must not change behind our back.
@@ -169,7 +174,9 @@ class DraDevice:
         object.__setattr__(self, "capacity", MappingProxyType(dict(self.capacity)))
         object.__setattr__(self, "taints", tuple(self.taints))
         object.__setattr__(self, "consumes_counters", tuple(self.consumes_counters))
+        object.__setattr__(self, "request_policies", MappingProxyType(dict(self.request_policies)))
         validate_device_name(self.name)
+        _check_policies(self)
         for name in (*self.attributes, *self.capacity):
             validate_qualified_name(name, device=self.name)
         clash = set(self.attributes) & set(self.capacity)
@@ -217,7 +224,7 @@ class DraDevice:
 
     def with_taints(self, taints: tuple[DeviceTaint, ...]) -> DraDevice:
         """The same device with ``taints`` instead of its current taints."""
-        return DraDevice(self.name, self.attributes, self.capacity, taints, self.consumes_counters)
+        return replace(self, taints=taints)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name}
@@ -226,15 +233,34 @@ class DraDevice:
                 name: self.attributes[name].to_dict() for name in sorted(self.attributes)
             }
         if self.capacity:
-            out["capacity"] = {
-                name: {"value": _quantity_text(self.name, name, self.capacity[name])}
-                for name in sorted(self.capacity)
-            }
+            out["capacity"] = {name: self._capacity_dict(name) for name in sorted(self.capacity)}
+        if self.allow_multiple_allocations:
+            out["allowMultipleAllocations"] = True
         if self.consumes_counters:
             out["consumesCounters"] = [entry.to_dict() for entry in self.consumes_counters]
         if self.taints:
             out["taints"] = [taint.to_dict() for taint in self.taints]
         return out
+
+    def _capacity_dict(self, name: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"value": _quantity_text(self.name, name, self.capacity[name])}
+        policy = self.request_policies.get(name)
+        if policy is not None:
+            out["requestPolicy"] = policy.to_dict()
+        return out
+
+
+def _check_policies(device: DraDevice) -> None:
+    """A request policy needs ``allowMultipleAllocations`` and a capacity of its name."""
+    if device.request_policies and not device.allow_multiple_allocations:
+        raise InvalidValueError(
+            f"device {device.name!r}: a capacity request policy needs allowMultipleAllocations"
+        )
+    unknown = sorted(set(device.request_policies) - set(device.capacity))
+    if unknown:
+        raise InvalidNameError(f"device {device.name!r}: request policy for no capacity {unknown}")
+    if not isinstance(device.allow_multiple_allocations, bool):
+        raise InvalidValueError(f"device {device.name!r}: allowMultipleAllocations is a bool")
 
 
 def _counters(owner: str, counters: Mapping[str, Capacity]) -> MappingProxyType[str, Capacity]:

@@ -33,6 +33,7 @@ from opentelemetry import trace
 from agent.dra import build_device_set
 from agent.dra.names import mig_device_name
 from agent.dra.partitionable import DynamicMig
+from agent.dra.shares import SharesMode
 from agent.hardware.events import EventPump
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory
@@ -65,8 +66,10 @@ class HealthMonitor:
         pump: EventPump,
         clock: Callable[[], float] = time.time,
         dynamic_mig: DynamicMig | None = None,
+        shares: SharesMode | None = None,
     ) -> None:
         self._dynamic_mig = dynamic_mig
+        self._shares = shares  # --consumable-shares: republished devices keep their policies
         self.machine = HealthStateMachine(policy, device_map(inventory, dynamic_mig))
         self.policy = policy
         self.hub = hub
@@ -113,7 +116,10 @@ class HealthMonitor:
 
     def _publish(self) -> None:
         device_set = build_device_set(
-            self._inventory, taints=self.machine.taints(), dynamic_mig=self._dynamic_mig
+            self._inventory,
+            taints=self.machine.taints(),
+            dynamic_mig=self._dynamic_mig,
+            shares=self._shares,
         )
         if device_set.counter_sets:
             self._publisher.set_devices(device_set.devices, device_set.counter_sets)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.dra.partitionable import DynamicMig
+from agent.dra.shares import SharesMode
 from agent.hardware.events import WatchedGpu
 from agent.hardware.inventory import Inventory
 from agent.hardware.nvml import Nvml
@@ -43,9 +44,11 @@ def build_health(
     events: EventPoster,
     driver_name: str = "gpu.nvidia.com",
     dynamic_mig: DynamicMig | None = None,
+    shares: SharesMode | None = None,
 ) -> HealthParts:
     """The health monitor (run it in the task group) and the service for the DRA socket.
-    ``dynamic_mig``: the settings the published devices were built with (``--dynamic-mig``)."""
+    ``dynamic_mig``, ``shares``: the settings the published devices were built with
+    (``--dynamic-mig``, ``--consumable-shares``)."""
     hub = MeasuredHub(driver_name)
     pump = CountingPump([WatchedGpu(g.index, g.uuid) for g in inventory.gpus])
     monitor = HealthMonitor(
@@ -57,6 +60,7 @@ def build_health(
         events=events,
         pump=pump,
         dynamic_mig=dynamic_mig,
+        shares=shares,
     )
     service = HealthStreamService(
         hub,

@@ -36,6 +36,8 @@ import anyio
 
 from agent.dra.config import API_VERSION
 from agent.errors import AgentError, describe
+from agent.imex.aggregate import aggregated_status, cliques_of
+from agent.imex.cliques import CliqueApi, daemon_entries
 from agent.imex.config import DRIVER, AllocationMode, ChannelConfig
 from agent.imex.domains import DomainApi, DomainRef, domain_ref, node_entries
 from agent.kube.rawapi import ApiStatusError
@@ -93,8 +95,10 @@ async def run(args: argparse.Namespace) -> int:
     )
     api_client = await create_api_client(kubeconfig)
     try:
+        api = DomainApi(api_client, component="gpu-dra-agent-controller", request_timeout=timeout)
         controller = Controller(
-            DomainApi(api_client, component="gpu-dra-agent-controller", request_timeout=timeout),
+            api,
+            cliques=CliqueApi(api_client, api.call, args.lease_namespace),
             identity=args.identity,
             lease_namespace=args.lease_namespace,
             lease_seconds=args.lease_seconds,
@@ -161,12 +165,15 @@ class Controller:
         self,
         api: DomainApi,
         *,
+        cliques: CliqueApi | None = None,
         identity: str,
         lease_namespace: str,
         lease_seconds: float = 15.0,
         resync_seconds: float = 1.0,
     ) -> None:
         self.api = api
+        #: the ComputeDomainCliques of the driver's namespace (None: only status.nodes)
+        self.cliques = cliques
         self.identity = identity
         self.lease_namespace = lease_namespace
         self.lease_seconds = lease_seconds
@@ -263,9 +270,10 @@ class Controller:
     # -- reconciliation ---------------------------------------------------------------------
 
     async def reconcile_all(self) -> None:
+        cliques = await self.cliques.list_all() if self.cliques is not None else None
         for domain in await self.api.list_all():
             try:
-                await self.reconcile(domain)
+                await self.reconcile(domain, cliques)
             except ApiStatusError as error:
                 if error.code not in (404, 409):  # gone or changed: the next pass sees it
                     raise
@@ -288,7 +296,10 @@ class Controller:
         self._unanswered.discard(ref.uid)
         return True
 
-    async def reconcile(self, domain: Obj) -> None:
+    async def reconcile(self, domain: Obj, cliques: list[Obj] | None = None) -> None:
+        """One pass over one domain; ``cliques``: every ComputeDomainClique of the driver's
+        namespace (their daemons become the domain's ``status.nodes``), None without them."""
+        mine = cliques_of(domain, cliques) if cliques is not None else None
         meta = domain["metadata"]
         ref = domain_ref(domain)
         finalizers = list(meta.get("finalizers") or [])
@@ -299,12 +310,17 @@ class Controller:
         if meta.get("deletionTimestamp"):
             if template_name and await self.api.delete_template(ref.namespace, template_name):
                 log.info("deleted ResourceClaimTemplate %s/%s", ref.namespace, template_name)
-            if node_entries(domain):
+            members = node_entries(domain) if mine is None else _members(mine)
+            if members:
                 if ref.uid not in self._waiting:
                     self._waiting.add(ref.uid)
-                    names = ", ".join(e.name for e in node_entries(domain))
+                    names = ", ".join(e.name for e in members)
                     log.info("%s is being deleted; waiting for its nodes to leave: %s", ref, names)
                 return
+            for clique in mine or []:
+                assert self.cliques is not None
+                if await self.cliques.delete(clique["metadata"]["name"]):
+                    log.info("%s: deleted %s", ref, clique["metadata"]["name"])
             if FINALIZER in finalizers:
                 meta["finalizers"] = [f for f in finalizers if f != FINALIZER]
                 await self.api.replace(domain)
@@ -322,13 +338,19 @@ class Controller:
                 ref, "Normal", "TemplateCreated",
                 f"ResourceClaimTemplate {template_name} requests an IMEX channel of this domain",
             )  # fmt: skip
-        wanted = domain_status(domain)
         status = dict(domain.get("status") or {})
         current = status.get("status")
+        if mine is None:
+            wanted = domain_status(domain)
+            changed = current != wanted
+            status["status"] = wanted
+        else:
+            status = aggregated_status(domain, mine)
+            wanted = status["status"]
+            changed = status != (domain.get("status") or {})
         # a transition whose status write got no answer: stored or not, the next pass decides
         unanswered = self._unanswered_status.pop(ref.uid, None)
-        if current != wanted:
-            status["status"] = wanted
+        if changed:
             try:
                 await self.api.set_status(domain, status)
             except ApiStatusError:
@@ -336,7 +358,8 @@ class Controller:
             except Exception:
                 self._unanswered_status[ref.uid] = (current, wanted)
                 raise
-            await self._transition(ref, current, wanted)
+            if current != wanted:
+                await self._transition(ref, current, wanted)
         elif unanswered is not None and unanswered[1] == current:
             await self._transition(ref, unanswered[0], current)  # it was stored: its Event now
 
@@ -346,6 +369,10 @@ class Controller:
         log.info("%s is %s", ref, state)
         if previous is not None or state == "Ready":
             await self.api.event(ref, "Normal", state, f"the domain is {state}")
+
+
+def _members(cliques: list[Obj]) -> list[Any]:
+    return [e for clique in cliques for e in daemon_entries(clique)]
 
 
 def _parse_time(text: Any) -> datetime | None:

@@ -14,12 +14,15 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
 from typing import Any
+
+from agent.node.durable import clean_temporaries
 
 log = logging.getLogger("agent.imex.daemon")
 
@@ -216,3 +219,22 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
     except (OSError, IndexError):
         return True
+
+
+def sweep_domains(domains_dir: Path, served: set[str]) -> None:
+    """Temporaries out of every domain directory; a directory of a domain no entry serves
+    goes, after its leftover daemon is stopped (the channel engine's start)."""
+    try:
+        directories = [p for p in domains_dir.iterdir() if p.is_dir()]
+    except FileNotFoundError:
+        return
+    for directory in directories:
+        clean_temporaries(directory)
+        if directory.name not in served:
+            stopped = kill_leftover(directory)
+            log.warning(
+                "removing %s: no claim serves its ComputeDomain (stopped daemons: %s)",
+                directory,
+                stopped or "none",
+            )
+            shutil.rmtree(directory, ignore_errors=True)

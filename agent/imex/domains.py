@@ -1,16 +1,13 @@
-"""ComputeDomains on the API server: find one by uid, join, report, leave; Events about it.
+"""ComputeDomains on the API server: find one by uid, its status, Events about it.
 
-Kubernetes is the only coordination between the nodes of a domain: membership is the list
-``status.nodes`` of the ComputeDomain, and every change is a read-modify-write of the status
-subresource carrying the ``resourceVersion`` that was read. A concurrent writer makes the API
-server answer 409 Conflict; the writer re-reads and tries again (bounded, with jitter), so N
-agents joining at once each get an index no other entry holds. A node's entry says where its
-IMEX daemon listens (``ipAddress``), its clique, its index and whether its daemon is Ready; a
-daemon that fails puts a condition ``IMEXDaemonReady.<node>`` with its message into the
-status, so the reason is visible on the domain (user-pain.md #11: NV #289).
-
-Calls go through kubernetes-asyncio's ``CustomObjectsApi`` on the shared ``ApiClient`` with
-``_preload_content=False``: plain JSON in and out, each call bounded by a timeout.
+The domain's ``status.nodes`` protocol (``--compute-domain-membership=status``): every node's
+join, report and leave is a read-modify-write of the status subresource with the
+``resourceVersion`` read; 409 means read again and retry (bounded, jittered), so concurrent
+joins get unique indices. With ComputeDomainCliques (the default, :mod:`agent.imex.cliques`)
+only a daemon that is not ready writes here: its ``IMEXDaemonReady.<node>`` condition, so the
+reason is visible on the domain (user-pain.md #11: NV #289). Calls are plain JSON through
+kubernetes-asyncio's ``CustomObjectsApi`` (``_preload_content=False``), each bounded by a
+timeout, 429s waited out (:mod:`agent.kube.throttle`).
 """
 
 from __future__ import annotations
@@ -20,6 +17,7 @@ import json
 import logging
 import random
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -45,7 +43,8 @@ from agent.imex.documents import (
 )
 from agent.kube.backoff import Backoff
 from agent.kube.events import RETRYABLE_STATUSES
-from agent.kube.rawapi import ApiStatusError
+from agent.kube.rawapi import ApiStatusError, status_error
+from agent.kube.throttle import call_with_retries
 
 log = logging.getLogger(__name__)
 
@@ -89,20 +88,23 @@ class DomainApi:
         self.component = component
         #: 409 answers met by status writes (the join test counts them)
         self.conflicts = 0
+        #: calls sent again after a 429 or a transient failure; of them after a 429
+        self.retries = 0
+        self.throttled = 0
 
     # -- reads ------------------------------------------------------------------------------
 
     async def get(self, namespace: str, name: str) -> Obj:
-        return await self._call(
+        return await self.call(
             self._custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
         )
 
     async def list_all(self) -> list[Obj]:
-        found = await self._call(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
+        found = await self.call(self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL)
         return list(found.get("items") or [])
 
     async def list_in(self, namespace: str) -> list[Obj]:
-        found = await self._call(
+        found = await self.call(
             self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL
         )
         return list(found.get("items") or [])
@@ -150,7 +152,7 @@ class DomainApi:
                 return domain
             body = {**domain, "status": status}
             try:
-                return await self._call(
+                return await self.call(
                     self._custom.replace_namespaced_custom_object_status,
                     GROUP,
                     VERSION,
@@ -245,21 +247,21 @@ class DomainApi:
     async def replace(self, domain: Obj) -> Obj:
         """PUT the domain (its metadata: the finalizer), with its resourceVersion."""
         meta = domain["metadata"]
-        return await self._call(
+        return await self.call(
             self._custom.replace_namespaced_custom_object,
             GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], domain,
         )  # fmt: skip
 
     async def set_status(self, domain: Obj, status: Obj) -> Obj:
         meta = domain["metadata"]
-        return await self._call(
+        return await self.call(
             self._custom.replace_namespaced_custom_object_status,
             GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {**domain, "status": status},
         )  # fmt: skip
 
     async def get_template(self, namespace: str, name: str) -> Obj | None:
         try:
-            return await self._call(
+            return await self.call(
                 self._resource.read_namespaced_resource_claim_template, name, namespace
             )
         except ApiStatusError as error:
@@ -268,13 +270,13 @@ class DomainApi:
             raise
 
     async def create_template(self, namespace: str, body: Obj) -> Obj:
-        return await self._call(
+        return await self.call(
             self._resource.create_namespaced_resource_claim_template, namespace, body
         )
 
     async def delete_template(self, namespace: str, name: str) -> bool:
         try:
-            await self._call(
+            await self.call(
                 self._resource.delete_namespaced_resource_claim_template, name, namespace
             )
         except ApiStatusError as error:
@@ -285,17 +287,17 @@ class DomainApi:
 
     async def get_lease(self, namespace: str, name: str) -> Obj | None:
         try:
-            return await self._call(self._coordination.read_namespaced_lease, name, namespace)
+            return await self.call(self._coordination.read_namespaced_lease, name, namespace)
         except ApiStatusError as error:
             if error.code == 404:
                 return None
             raise
 
     async def create_lease(self, namespace: str, body: Obj) -> Obj:
-        return await self._call(self._coordination.create_namespaced_lease, namespace, body)
+        return await self.call(self._coordination.create_namespaced_lease, namespace, body)
 
     async def replace_lease(self, namespace: str, body: Obj) -> Obj:
-        return await self._call(
+        return await self.call(
             self._coordination.replace_namespaced_lease, body["metadata"]["name"], namespace, body
         )
 
@@ -329,7 +331,7 @@ class DomainApi:
         backoff = Backoff(initial=0.25, maximum=1.0)
         for attempt in range(1, EVENT_ATTEMPTS + 1):
             try:
-                await self._call(self._core.create_namespaced_event, ref.namespace, body)
+                await self._send(self._core.create_namespaced_event, ref.namespace, body)
                 return
             except Exception as error:  # Events are best effort
                 again = not isinstance(error, TimeoutError) and (
@@ -345,7 +347,20 @@ class DomainApi:
 
     # -- plumbing -------------------------------------------------------------------------
 
-    async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
+    async def call(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
+        """One call as plain JSON, bounded by the request timeout; a 429 (or an answer with
+        ``Retry-After``) or a refused connection is retried at most 3 times
+        (:mod:`agent.kube.throttle`)."""
+        return await call_with_retries(
+            partial(self._send, method, *args, **kwargs), on_retry=self._retried
+        )
+
+    def _retried(self, error: BaseException, delay: float) -> None:
+        self.retries += 1
+        if isinstance(error, ApiStatusError) and error.code == 429:
+            self.throttled += 1
+
+    async def _send(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
         with anyio.fail_after(self.request_timeout):
             response: Any = await method(
                 *args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs
@@ -355,14 +370,7 @@ class DomainApi:
             finally:
                 response.release()
         if not 200 <= response.status < 300:
-            reason, message = str(response.status), body[:300].decode(errors="replace")
-            try:
-                decoded = json.loads(body)
-                reason = str(decoded.get("reason") or reason)
-                message = str(decoded.get("message") or message)
-            except (ValueError, AttributeError):
-                pass
-            raise ApiStatusError(response.status, reason, message)
+            raise status_error(response.status, body, response.headers)
         decoded = json.loads(body)
         if not isinstance(decoded, dict):
             raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")

@@ -16,8 +16,9 @@ Prepare of one claim (claims of a request one after another, under one lock):
    ``ComputeDomainChannelConfig`` (``agent.imex.config``); the node must have a clique;
 2. find the ComputeDomain by uid in the claim's namespace (another namespace: permanent
    error); refuse if this node serves another domain (one IMEX daemon per node);
-3. record ``PrepareStarted``; join the domain (``status.nodes`` entry, unique index);
-4. render the daemon's config (the domain's nodes in this clique) and (re)start the daemon;
+3. record ``PrepareStarted``; join the domain (``agent.imex.membership``: the node's entry,
+   unique index, in its clique's ComputeDomainClique);
+4. render the daemon's config (the nodes of this clique) and (re)start the daemon;
    wait for READY (``ready_timeout_s``, 20 s by default: well inside the kubelet's 45 s), else
    a retryable error with what the daemon said, also written into the domain's status;
 5. mark the node Ready in the domain, write the CDI spec (channel 0, or all for ``All``),
@@ -26,7 +27,7 @@ Prepare of one claim (claims of a request one after another, under one lock):
 Unprepare of the node's last claim of a domain stops the daemon and removes the node's entry.
 The steps of both end at the crash points ``ImexCrashPoint`` of ``agent.crash``: the crash
 matrix kills the agent at each and checks that the restart and the kubelet's retry leave one
-daemon, one ``status.nodes`` entry and one CDI spec per prepared domain, none otherwise. At
+daemon, one membership entry and one CDI spec per prepared domain, none otherwise. At
 start the engine keeps a ``PrepareStarted`` entry (the kubelet's retry finishes it, or its
 unprepare undoes it) and stops the daemon of a domain no entry serves. The daemon of a domain
 a completed claim holds is adopted when its config is unchanged (``agent.imex.daemon``: a
@@ -34,20 +35,15 @@ restart of the agent must not disrupt the IMEX domain of running jobs), restarte
 one of a domain only ``PrepareStarted`` entries serve is restarted. When the agent stops, the
 daemon of a domain a completed claim holds keeps running for the next agent.
 
-While a domain is served, :meth:`ChannelEngine.run` follows it every second: a node that
-joins or leaves changes the rendered config (the daemon restarts with it) and a daemon that
-is not READY for 5 s (``not_ready_grace_s``: longer than a restart for a changed node list
-takes) turns the node's entry NotReady with the daemon's words; READY turns it back at once.
+While a domain is served, :meth:`ChannelEngine.run` has :mod:`agent.imex.follower` follow it
+every second (the daemon's node list, readiness reports).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import shutil
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -61,47 +57,31 @@ from agent.dra import cdi as dra_cdi
 from agent.dra.config import ConfigError, parse_allocation
 from agent.errors import AgentError
 from agent.hardware.hostfiles import HostFiles
-from agent.imex import metrics
+from agent.imex import channel_checkpoint, metrics
 from agent.imex.cdi import CHANNELS_MAJOR_NAME, channel_spec, channels_for
+from agent.imex.channel_checkpoint import (
+    CHECKPOINT_FILE,
+    COMPLETED,
+    STARTED,
+    ChannelClaim,
+)
 from agent.imex.config import DRIVER, AllocationMode, channel_config_for
 from agent.imex.daemon import ImexDaemon
-from agent.imex.daemon_files import kill_leftover
-from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref, node_entries
+from agent.imex.daemon_files import sweep_domains
+from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref
 from agent.imex.fabric import CHANNEL_DEVICE, Clique
+from agent.imex.follower import DomainFollower
+from agent.imex.membership import Membership, StatusMembership
+from agent.imex.refusals import ChannelRefused, status_write
 from agent.kube.claims import ClaimReader
 from agent.node.cdi import CdiSpecDirectory
-from agent.node.durable import NodeLock, clean_temporaries, write_atomic
+from agent.node.durable import NodeLock, clean_temporaries
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FILE = "checkpoint.json"
 LOCK_FILE = "gpu-dra-agent.lock"
-STARTED, COMPLETED = "PrepareStarted", "PrepareCompleted"
-
-
-class ChannelRefused(AgentError):
-    """This channel claim cannot be prepared now; the message says why."""
-
-
-@dataclass(frozen=True)
-class ChannelClaim:
-    """One checkpoint entry: the claim, its domain, its channels and how far it got."""
-
-    uid: str
-    namespace: str
-    name: str
-    request: str
-    domain_namespace: str
-    domain_name: str
-    domain_uid: str
-    mode: str
-    state: str
-
-    @property
-    def domain(self) -> DomainRef:
-        return DomainRef(self.domain_namespace, self.domain_name, self.domain_uid)
 
 
 class ChannelEngine:
@@ -119,9 +99,11 @@ class ChannelEngine:
         claim_reader: ClaimReader,
         domains: DomainApi,
         daemon: ImexDaemon,
+        membership: Membership | None = None,
         ready_timeout_s: float = 20.0,
         follow_interval_s: float = 1.0,
         not_ready_grace_s: float = 5.0,
+        settle_s: float = 2.0,
     ) -> None:
         self.driver = DRIVER
         self.node_name = node_name
@@ -134,15 +116,22 @@ class ChannelEngine:
         self._host = HostFiles(Path(host_root))
         self._reader = claim_reader
         self._domains = domains
+        self._members = membership or StatusMembership(domains)
         self._specs = CdiSpecDirectory(Path(cdi_root), DRIVER)
         self._path = self.plugin_dir / CHECKPOINT_FILE
         self._node_lock = NodeLock(self.plugin_dir / LOCK_FILE)
         self._lock = anyio.Lock()
         self.claims: dict[str, ChannelClaim] = {}
-        self._reported: bool | None = None  # what the follower last wrote for this node
-        self._not_ready_since: float | None = None
-        #: how long the follower lets the daemon be not READY before the node is NotReady
-        self.not_ready_grace_s = not_ready_grace_s
+        self._follower = DomainFollower(
+            node_name=node_name,
+            node_ip=node_ip,
+            clique=clique.clique or "",
+            daemon=daemon,
+            members=self._members,
+            domains=domains,
+            not_ready_grace_s=not_ready_grace_s,
+            settle_s=settle_s,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -163,7 +152,7 @@ class ChannelEngine:
             for uid in self._specs.claim_uids() - owned:
                 self._specs.remove_claim(uid)
             served = {c.domain_uid for c in self.claims.values()}
-            await anyio.to_thread.run_sync(self._sweep_domains, served)
+            await anyio.to_thread.run_sync(sweep_domains, self.daemon.domains_dir, served)
         domain = self._served()
         if domain is not None:
             log.info(
@@ -178,6 +167,7 @@ class ChannelEngine:
         """The daemon's supervision and the follower of the served domain, until cancelled."""
         async with anyio.create_task_group() as group:
             await group.start(partial(self.daemon.run, keep=self._holds))
+            group.start_soon(self._members.run)
             domain = self._served()
             if domain is not None:
                 try:
@@ -191,24 +181,6 @@ class ChannelEngine:
                     await self._follow()
                 except Exception as error:  # logged, tried again next round
                     log.warning("following the served ComputeDomain failed: %s", error)
-
-    def _sweep_domains(self, served: set[str]) -> None:
-        """Temporaries out of every domain directory; a directory of a domain no entry
-        serves goes, after its leftover daemon is stopped."""
-        try:
-            directories = [p for p in self.daemon.domains_dir.iterdir() if p.is_dir()]
-        except FileNotFoundError:
-            return
-        for directory in directories:
-            clean_temporaries(directory)
-            if directory.name not in served:
-                stopped = kill_leftover(directory)
-                log.warning(
-                    "removing %s: no claim serves its ComputeDomain (stopped daemons: %s)",
-                    directory,
-                    stopped or "none",
-                )
-                shutil.rmtree(directory, ignore_errors=True)
 
     def _served(self) -> DomainRef | None:
         for claim in self.claims.values():
@@ -320,10 +292,21 @@ class ChannelEngine:
                     "imex.allocation_mode": str(config.allocation_mode),
                 }
             )
-            with _status_write(subject, domain, "joining it"):
-                joined, added = await self._domains.join(
+            with (
+                status_write(subject, domain, "joining it"),
+                tracer().start_as_current_span("imex.domain.join") as join_span,
+            ):
+                result = await self._members.join(
                     domain, self.node_name, self.node_ip, self.clique.clique
                 )
+                join_span.set_attributes(
+                    {
+                        "attempts": result.attempts,
+                        "conflicts": result.conflicts,
+                        "imex.node.index": result.entry.index,
+                    }
+                )
+            joined, added = result.entry, result.added
             crash_point("after-domain-join")
             span.set_attribute("imex.node.index", joined.index)
             if added:
@@ -338,10 +321,10 @@ class ChannelEngine:
                 ready, said = await self.daemon.wait_ready(domain.uid, self.ready_timeout_s)
                 wait.set_attribute("imex.daemon.ready", ready)
             if not ready:
-                with _status_write(subject, domain, "reporting its daemon not ready"):
+                with status_write(subject, domain, "reporting its daemon not ready"):
                     await self._report(domain, False, said)
                 raise ChannelRefused(f"{subject}: {domain}: {said} (retried by the kubelet)")
-            with _status_write(subject, domain, "reporting its daemon ready"):
+            with status_write(subject, domain, "reporting its daemon ready"):
                 await self._report(domain, True, said)
             crash_point("after-domain-ready")
             entry = ChannelClaim(**{**asdict(entry), "state": COMPLETED})
@@ -351,49 +334,11 @@ class ChannelEngine:
             crash_point("after-channel-prepare-completed")
         return self._answer(entry)
 
-    async def _configure(self, domain: DomainRef, *, traced: bool = True) -> None:
-        """Render the daemon's config from the domain's nodes in this clique; (re)start it.
-
-        ``traced=False`` (the follower's check every second) records no span unless the
-        config changed: an idle node exports no trace per second."""
-        if not traced:
-            with trace.use_span(trace.INVALID_SPAN):
-                changed = await self._render(domain)
-            if changed:
-                with tracer().start_as_current_span("imex.daemon.configure") as span:
-                    span.set_attributes(
-                        {"imex.domain.uid": domain.uid, "imex.config.changed": True}
-                    )
-            return
-        with tracer().start_as_current_span("imex.daemon.configure") as span:
-            changed = await self._render(domain)
-            span.set_attributes({"imex.domain.uid": domain.uid, "imex.config.changed": changed})
-
-    async def _render(self, domain: DomainRef) -> bool:
-        """Render the config from the domain's nodes in this clique; True if it changed."""
-        stored = await self._domains.get(domain.namespace, domain.name)
-        peers = [
-            e.ip_address
-            for e in sorted(node_entries(stored), key=lambda e: e.index)
-            if e.clique == self.clique.clique
-        ]
-        if self.node_ip not in peers:
-            peers.append(self.node_ip)
-        trace.get_current_span().set_attribute("imex.peers", len(peers))
-        return await self.daemon.configure(
-            domain.uid, self.node_ip, peers, adopt=self._holds(domain.uid)
-        )
+    async def _configure(self, domain: DomainRef) -> None:
+        await self._follower.configure(domain, adopt=self._holds(domain.uid))
 
     async def _report(self, domain: DomainRef, ready: bool, said: str) -> None:
-        if ready:
-            await self._domains.report(domain, self.node_name, True, "DaemonReady", said)
-        else:
-            await self._domains.report(domain, self.node_name, False, "DaemonNotReady", said)
-            if self._reported is not False:
-                await self._domains.event(
-                    domain, "Warning", "IMEXDaemonNotReady", f"node {self.node_name}: {said}"
-                )
-        self._reported = ready
+        await self._follower.report(domain, ready, said)
 
     def _answer(self, entry: ChannelClaim) -> ClaimPrepareResult:
         device = PreparedDeviceResult(
@@ -444,13 +389,13 @@ class ChannelEngine:
         if not others:  # the node's last claim of the domain
             await self.daemon.stop(entry.domain_uid)
             crash_point("channel-unprepare-after-daemon-stop")
-            if await self._domains.leave(entry.domain, self.node_name):
+            if await self._members.leave(entry.domain, self.node_name, self.clique.clique or ""):
                 metrics.domain_change("leave")
                 await self._domains.event(
                     entry.domain, "Normal", "NodeLeft", f"node {self.node_name} left"
                 )
             crash_point("channel-unprepare-after-domain-leave")
-            self._reported = None
+            self._follower.forget()
         await anyio.to_thread.run_sync(self._specs.remove_claim, entry.uid)
         crash_point("channel-unprepare-after-cdi-remove")
         claims = {uid: c for uid, c in self.claims.items() if uid != entry.uid}
@@ -466,26 +411,13 @@ class ChannelEngine:
         async with self._lock:
             if self._served() != domain:
                 return
+            completed = any(c.state == COMPLETED for c in self.claims.values())
             try:
-                await self._configure(domain, traced=False)
+                await self._follower.check(
+                    domain, adopt=self._holds(domain.uid), completed=completed
+                )
             except DomainError as error:
                 log.warning("the served ComputeDomain is gone: %s", error)
-                return
-            if self.daemon.status.state != "running":
-                ready, said = False, f"the IMEX daemon is {self.daemon.status.state}"
-            else:
-                ready, said = await self.daemon.query(domain.uid)
-            now = anyio.current_time()
-            if ready:
-                self._not_ready_since = None
-            else:  # a restart for a changed node list is no failure: report after a grace
-                since = self._not_ready_since = self._not_ready_since or now
-                if now - since < self.not_ready_grace_s:
-                    return
-            if self._reported is None or ready != self._reported:
-                completed = any(c.state == COMPLETED for c in self.claims.values())
-                if completed or ready is False:
-                    await self._report(domain, ready, said)
 
     # -- the checkpoint -------------------------------------------------------------------
 
@@ -496,24 +428,10 @@ class ChannelEngine:
         self.claims = claims
 
     def _save(self, claims: dict[str, ChannelClaim]) -> None:
-        document = {
-            "kind": "ComputeDomainChannelCheckpoint",
-            "version": 1,
-            "claims": {uid: asdict(c) for uid, c in sorted(claims.items())},
-        }
-        write_atomic(self._path, (json.dumps(document, indent=1, sort_keys=True) + "\n").encode())
+        channel_checkpoint.save(self._path, claims)
 
     def _load(self) -> dict[str, ChannelClaim]:
-        try:
-            document = json.loads(self._path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as error:
-            broken = self._path.with_name(f"{CHECKPOINT_FILE}.corrupt")
-            self._path.replace(broken)
-            log.error("the channel checkpoint was unreadable (%s); moved to %s", error, broken)
-            return {}
-        return {uid: ChannelClaim(**item) for uid, item in document.get("claims", {}).items()}
+        return channel_checkpoint.load(self._path)
 
     def _write_spec(self, entry: ChannelClaim) -> None:
         major = self._host.device_majors().get(CHANNELS_MAJOR_NAME)
@@ -530,19 +448,4 @@ class ChannelEngine:
 
 def served_claims(engine: ChannelEngine) -> dict[str, Any]:
     """The engine's entries as JSON (for logs and tests)."""
-    return {uid: asdict(c) for uid, c in engine.claims.items()}
-
-
-@contextmanager
-def _status_write(subject: str, domain: DomainRef, what: str) -> Iterator[None]:
-    """An API failure while writing the domain's status becomes this claim's error, naming
-    the claim, the domain and the step (the bare "API server answered 429" named neither)."""
-    try:
-        yield
-    except (ChannelRefused, DomainError):
-        raise
-    except Exception as error:
-        raise ChannelRefused(
-            f"{subject}: {domain}: {what} failed: {str(error) or repr(error)} "
-            "(retried by the kubelet)"
-        ) from error
+    return channel_checkpoint.as_json(engine.claims)

@@ -1,5 +1,7 @@
 """A simulated IMEX daemon (``nvidia-imex``) and its query tool (``nvidia-imex-ctl``).
 
+Standard library only: the installed daemon runs this file as a script, without the package.
+
 With ``--simulate`` the agent installs both into the simulated host's driver root as small
 scripts running this module (:func:`install_tools`), so it starts, supervises and queries
 them exactly as it does the real ones: a child process given ``-c <config>``, and
@@ -9,7 +11,8 @@ The daemon reads the rendered config (``IMEX_NODE_CONFIG_FILE``: one peer addres
 ``IMEX_CMD_BIND_INTERFACE_IP``: its own), announces itself in the fabric directory all
 simulated nodes share (``--sim-fabric-dir``: ``peers/<ip>``, touched every 0.5 s, removed on
 SIGTERM) and is READY while every listed peer has announced itself within the last 3 s. Its
-state goes to ``<config dir>/sim-imex-state.json`` for ``nvidia-imex-ctl``; its output is
+state goes to ``<config dir>/sim-imex-state`` (``<pid> <STATE> <message>``) for
+``nvidia-imex-ctl`` (installed as a shell script, :data:`CTL_SCRIPT`); its output is
 one line per change of state (the agent copies it into its own log).
 
 Faults: the file ``<fabric dir>/faults/<node name>`` holds ``fail`` (the daemon exits at once
@@ -24,7 +27,6 @@ the same for every node of that agent.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 
-STATE_FILE = "sim-imex-state.json"
+STATE_FILE = "sim-imex-state"
 FAULT_ENV = "GPU_DRA_SIM_IMEX_FAULT"
 HEARTBEAT_S = 0.5
 STALE_S = 3.0
@@ -56,9 +58,10 @@ def read_peers(path: Path) -> list[str]:
     return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
-def _write_json(path: Path, document: dict[str, object]) -> None:
+def _write_state(path: Path, state: str, message: str) -> None:
+    """``<pid> <STATE> <message>``, one line: what ``nvidia-imex-ctl`` answers from."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
-    temporary.write_text(json.dumps(document))
+    temporary.write_text(f"{os.getpid()} {state} {message}\n")
     os.replace(temporary, path)
 
 
@@ -86,7 +89,7 @@ def daemon(fabric: Path, node: str, config_path: Path) -> int:
         fault = fault_file.read_text().strip()
     if fault == "fail":
         _say(f"error: cannot bind {own}:50000 (simulated failure); exiting")
-        _write_json(state_path, {"pid": os.getpid(), "state": "FAILED", "message": "bind failed"})
+        _write_state(state_path, "FAILED", "bind failed")
         return 1
     stopping = False
 
@@ -99,7 +102,7 @@ def daemon(fabric: Path, node: str, config_path: Path) -> int:
     heartbeat = fabric / "peers" / own
     heartbeat.parent.mkdir(parents=True, exist_ok=True)
     _say(f"started for {len(peers)} node(s) {', '.join(peers)}; this node {own} ({node})")
-    last = ""
+    last = written = ""
     try:
         while not stopping:
             if fault != "hang":
@@ -122,12 +125,14 @@ def daemon(fabric: Path, node: str, config_path: Path) -> int:
             if f"{state} {message}" != last:
                 _say(f"{state}: {message}")
                 last = f"{state} {message}"
-            _write_json(state_path, {"pid": os.getpid(), "state": state, "message": message})
+            if f"{state} {message}" != written:
+                _write_state(state_path, state, message)
+                written = f"{state} {message}"
             time.sleep(HEARTBEAT_S / 2)
     finally:
         if fault != "hang":
             heartbeat.unlink(missing_ok=True)
-        _write_json(state_path, {"pid": os.getpid(), "state": "STOPPED", "message": "stopped"})
+        _write_state(state_path, "STOPPED", "stopped")
         _say("stopped")
     return 0
 
@@ -145,18 +150,38 @@ def _alive(pid: int) -> bool:
 def ctl(config_path: Path) -> int:
     """``-q``: print READY (exit 0) or the state and why (exit 1)."""
     try:
-        state = json.loads((config_path.parent / STATE_FILE).read_text())
+        pid, state, message = (config_path.parent / STATE_FILE).read_text().strip().split(" ", 2)
     except (OSError, ValueError):
         print("NOT_READY: the IMEX daemon has not started")
         return 1
-    if not _alive(int(state.get("pid", 0))):
-        print(f"NOT_READY: the IMEX daemon is not running (last state {state.get('state')})")
+    if not _alive(int(pid)):
+        print(f"NOT_READY: the IMEX daemon is not running (last state {state})")
         return 1
-    if state.get("state") == "READY":
+    if state == "READY":
         print("READY")
         return 0
-    print(f"{state.get('state')}: {state.get('message')}")
+    print(f"{state}: {message}")
     return 1
+
+
+#: ``nvidia-imex-ctl -c CONFIG -q`` as a POSIX shell script: the same answers as :func:`ctl`
+#: without starting Python (the real tool is a small native program; the agent runs it every
+#: second per node, and a fleet of agents on one machine would spend its CPU starting Pythons)
+CTL_SCRIPT = f"""#!/bin/sh
+# nvidia-imex-ctl (simulated by agent/imex/simulated.py)
+config=""
+while [ $# -gt 0 ]; do
+    case "$1" in -c) config="$2"; shift 2 ;; *) shift ;; esac
+done
+if ! read -r pid state message < "${{config%/*}}/{STATE_FILE}" 2>/dev/null; then
+    echo "NOT_READY: the IMEX daemon has not started"; exit 1
+fi
+if ! kill -0 "$pid" 2>/dev/null; then
+    echo "NOT_READY: the IMEX daemon is not running (last state $state)"; exit 1
+fi
+if [ "$state" = READY ]; then echo READY; exit 0; fi
+echo "$state: $message"; exit 1
+"""
 
 
 def install_tools(driver_root: Path, fabric: Path, node: str) -> dict[str, Path]:
@@ -166,11 +191,14 @@ def install_tools(driver_root: Path, fabric: Path, node: str) -> dict[str, Path]
     fabric.mkdir(parents=True, exist_ok=True)
     installed: dict[str, Path] = {}
     for tool in TOOLS:
-        command = [sys.executable, "-m", "agent.imex.simulated", tool]
-        if tool == "nvidia-imex":
-            command += ["--fabric-dir", str(fabric.absolute()), "--node", node]
+        # the daemon runs this file with the standard library alone (-S -E: no site, no
+        # package imports), which starts in about half the time of ``-m agent...``
+        command = [sys.executable, "-S", "-E", str(Path(__file__).absolute()), tool]
+        command += ["--fabric-dir", str(fabric.absolute()), "--node", node]
         path = bin_dir / tool
         text = f'#!/bin/sh\nexec {shlex.join(command)} "$@"\n'
+        if tool == "nvidia-imex-ctl":
+            text = CTL_SCRIPT
         if not path.is_file() or path.read_text() != text:
             temporary = path.with_name(f".{tool}.tmp")
             temporary.write_text(text)

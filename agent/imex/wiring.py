@@ -24,11 +24,14 @@ import anyio
 from agent.config import AgentConfig
 from agent.hardware.inventory import Inventory
 from agent.imex import metrics
+from agent.imex.clique_watch import CliqueWatch
+from agent.imex.cliques import CliqueApi
 from agent.imex.config import DRIVER
 from agent.imex.daemon import ImexDaemon
 from agent.imex.domains import DomainApi
 from agent.imex.engine import ChannelEngine
 from agent.imex.fabric import Clique, channel_devices, node_clique
+from agent.imex.membership import CliqueMembership, Membership, StatusMembership
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,18 @@ async def serve_compute_domains(
     daemon = ImexDaemon(
         plugin_dir / "domains", [daemon_cmd], [ctl_cmd], on_change=metrics.daemon_changed
     )
+    domains = DomainApi(api_client, request_timeout=config.api_timeout_s)
+    membership: Membership = (
+        CliqueMembership(
+            domains,
+            CliqueApi(api_client, domains.call, config.namespace),
+            CliqueWatch(
+                api_client, domains.call, config.namespace, request_timeout=config.api_timeout_s
+            ),
+        )
+        if config.membership == "cliques"
+        else StatusMembership(domains)
+    )
     engine = ChannelEngine(
         node_name=config.node_name,
         plugin_dir=plugin_dir,
@@ -92,8 +107,9 @@ async def serve_compute_domains(
         clique=clique,
         node_ip=node_ip or "",
         claim_reader=claim_reader,
-        domains=DomainApi(api_client, request_timeout=config.api_timeout_s),
+        domains=domains,
         daemon=daemon,
+        membership=membership,
         ready_timeout_s=config.imex_ready_timeout_s,
     )
     await engine.start()

@@ -69,11 +69,15 @@ class ClaimPreparer(Protocol):
 
 
 def _device(pb: ModuleType, device: PreparedDeviceResult) -> Any:
+    share = {}  # v1's share_id (KEP-5075); v1beta1 has no such field
+    if device.share_id is not None and pb is api.dra_v1:
+        share["share_id"] = device.share_id
     return pb.Device(
         request_names=list(device.request_names),
         pool_name=device.pool_name,
         device_name=device.device_name,
         cdi_device_ids=list(device.cdi_device_ids),
+        **share,
     )
 
 

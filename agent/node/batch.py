@@ -64,7 +64,8 @@ def answer(devices: Prepared) -> ClaimPrepareResult:
     """The kubelet's view of prepared devices."""
     return ClaimPrepareResult(
         devices=tuple(
-            PreparedDeviceResult(d.requests, d.pool, d.device, d.cdi_device_ids) for d in devices
+            PreparedDeviceResult(d.requests, d.pool, d.device, d.cdi_device_ids, d.share_id)
+            for d in devices
         )
     )
 

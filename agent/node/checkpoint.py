@@ -6,10 +6,9 @@ everything needed to undo a prepare, and to rebuild its CDI spec without the Res
 or NVML, is recorded here: per claim its two-phase state (``PrepareStarted`` is written
 before any hardware or file changes, ``PrepareCompleted`` before the kubelet is answered),
 the prepared devices with their UUIDs, minors, MIG instance ids and capability device
-numbers, the effective opaque config, the directories of the MPS daemon it is shared through
-(``mps``, only when set), whether the device was prepared for ``adminAccess``
-(so that after a restart or a reload it still does not count as exclusive) and the CDI spec
-file name.
+numbers, the effective opaque config, the MPS daemon's directories (``mps``), ``adminAccess``
+(so that after a restart it still does not count as exclusive), a KEP-5075 share's
+``shareID`` and ``consumedCapacity`` (these four only when set) and the CDI spec file name.
 
 A claim whose devices an effector creates on prepare (a dynamic MIG instance,
 ``agent.node.effectors``) also carries *intents*: what the effector is about to create, written
@@ -19,8 +18,8 @@ without intents is stored exactly as before (no ``intents`` key).
 
 The document carries a schema version, the node's boot id (a reboot invalidates every
 prepared claim, user-pain.md item 1) and a SHA-256 checksum over the canonical JSON of the
-rest. This module is the pure half: immutable records, strict (de)serialization and the
-update functions. ``checkpoint_store`` reads and writes the file.
+rest. This module is the pure half: the records (``checkpoint_records``), strict
+(de)serialization and the update functions; ``checkpoint_store`` reads and writes the file.
 """
 
 from __future__ import annotations
@@ -29,143 +28,35 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from types import MappingProxyType
+from dataclasses import replace
 from typing import Any
 
 from agent.dra import cdi
-from agent.dra.config import (
-    ConfigError,
-    DeviceKind,
-    OpaqueConfig,
-    config_kind,
-    config_to_dict,
-    decode_parameters,
+from agent.dra.config import ConfigError, config_kind, config_to_dict, decode_parameters
+from agent.node.checkpoint_records import (
+    Checkpoint,
+    ClaimState,
+    Intent,
+    MigInstance,
+    MpsShare,
+    PreparedClaim,
+    PreparedDevice,
 )
 from agent.node.errors import CheckpointFormatError, NodeError
+
+__all__ = [
+    "Checkpoint",
+    "ClaimState",
+    "Intent",
+    "MigInstance",
+    "MpsShare",
+    "PreparedClaim",
+    "PreparedDevice",
+]
 
 SCHEMA_VERSION = 1
 _BOOT_ID = re.compile(r"[A-Za-z0-9-]{1,64}")
 _SPEC_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\.json")
-
-
-class ClaimState(StrEnum):
-    PREPARE_STARTED = "PrepareStarted"
-    PREPARE_COMPLETED = "PrepareCompleted"
-
-
-@dataclass(frozen=True)
-class MigInstance:
-    """The live MIG instance behind a mig device, and its capability device numbers."""
-
-    parent_uuid: str
-    gi_id: int
-    ci_id: int
-    caps_major: int  # the nvidia-caps major of /proc/devices
-    gi_cap_minor: int  # minor of /dev/nvidia-caps/nvidia-cap<N> for the GPU instance
-    ci_cap_minor: int  # ... and for the compute instance
-
-
-@dataclass(frozen=True)
-class MpsShare:
-    """The MPS control daemon a device is shared through (``agent.sharing``): the host
-    directories its containers get (CDI), recorded so that the spec can be rebuilt."""
-
-    pipe_dir: str
-    log_dir: str
-    shm_dir: str
-
-
-@dataclass(frozen=True)
-class Intent:
-    """A hardware change an effector makes for one device of a claim, recorded before it.
-
-    ``parameters`` are the effector's own (for MIG: the parent GPU's UUID, the GPU-instance
-    profile and placement); the checkpoint only checks that they are strings or non-negative
-    integers, kept in key order so that equal intents compare equal.
-    """
-
-    effector: str
-    device: str
-    parameters: tuple[tuple[str, str | int], ...] = ()
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "parameters", tuple(sorted(self.parameters)))
-
-    def get(self, key: str) -> str | int | None:
-        return next((value for name, value in self.parameters if name == key), None)
-
-    def integer(self, key: str) -> int:
-        value = self.get(key)
-        if not isinstance(value, int):
-            raise NodeError(f"intent of {self.device}: parameter {key} is not an integer")
-        return value
-
-    def string(self, key: str) -> str:
-        value = self.get(key)
-        if not isinstance(value, str):
-            raise NodeError(f"intent of {self.device}: parameter {key} is not a string")
-        return value
-
-
-@dataclass(frozen=True)
-class PreparedDevice:
-    """One prepared device: the kubelet's view of it plus what is needed to undo it."""
-
-    requests: tuple[str, ...]  # base request names
-    pool: str
-    device: str
-    cdi_device_ids: tuple[str, ...]
-    kind: DeviceKind
-    uuid: str  # GPU UUID, or MIG UUID for a mig device
-    gpu_minor: int  # /dev/nvidia<minor>; the parent GPU's minor for a mig device
-    config: OpaqueConfig
-    mig: MigInstance | None = None
-    # Prepared for an ``adminAccess`` request: it does not hold the device exclusively.
-    # Stored as ``adminAccess`` only when true, so files without admin devices stay
-    # readable by agents that predate the field (a rollback of a rolling upgrade).
-    admin_access: bool = False
-    # Shared through an MPS daemon; stored as ``mps`` only when set (like ``adminAccess``).
-    mps: MpsShare | None = None
-
-    def cdi_device(self) -> cdi.ClaimDevice:
-        """The input of ``cdi.claim_spec`` for this device."""
-        caps = None
-        if self.mig is not None:
-            caps = cdi.MigCapabilities(
-                self.mig.caps_major, self.mig.gi_cap_minor, self.mig.ci_cap_minor
-            )
-        mps = None
-        if self.mps is not None:
-            mps = cdi.MpsDirectories(self.mps.pipe_dir, self.mps.log_dir, self.mps.shm_dir)
-        return cdi.ClaimDevice(self.device, self.gpu_minor, caps, mps)
-
-
-@dataclass(frozen=True)
-class PreparedClaim:
-    uid: str
-    namespace: str
-    name: str
-    state: ClaimState
-    devices: tuple[PreparedDevice, ...] = ()
-    cdi_spec_file: str | None = None
-    #: Hardware changes made (or about to be made) for this claim; see the module docstring.
-    intents: tuple[Intent, ...] = ()
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """All prepared claims of one boot; ``claims`` is read-only, keyed by claim UID."""
-
-    boot_id: str
-    claims: Mapping[str, PreparedClaim] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "claims", MappingProxyType(dict(self.claims)))
-
-    def completed(self) -> tuple[PreparedClaim, ...]:
-        return tuple(c for c in self.claims.values() if c.state is ClaimState.PREPARE_COMPLETED)
 
 
 def mark_started(checkpoint: Checkpoint, uid: str, namespace: str, name: str) -> Checkpoint:
@@ -322,6 +213,10 @@ def _device_to_dict(device: PreparedDevice) -> dict[str, Any]:
     }
     if device.admin_access:
         document["adminAccess"] = True
+    if device.share_id is not None:
+        document["shareID"] = device.share_id
+    if device.consumed:
+        document["consumedCapacity"] = dict(device.consumed)
     if device.mps is not None:
         document["mps"] = {
             "pipeDirectory": device.mps.pipe_dir,
@@ -333,6 +228,7 @@ def _device_to_dict(device: PreparedDevice) -> dict[str, Any]:
 
 _CLAIM_KEYS = {"namespace", "name", "state", "devices", "cdiSpecFile"}
 _DEVICE_KEYS = {"requests", "pool", "device", "cdiDeviceIDs", "kind", "uuid", "gpuMinor"}
+_OPTIONAL_DEVICE_KEYS = {"mig", "config", "adminAccess", "mps", "shareID", "consumedCapacity"}
 _MIG_KEYS = {"parentUUID", "giID", "ciID", "capsMajor", "giCapMinor", "ciCapMinor"}
 
 
@@ -397,7 +293,7 @@ def _intents_from(raw: Any, path: str) -> tuple[Intent, ...]:
 
 
 def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
-    _keys(raw, path, _DEVICE_KEYS | {"mig", "config", "adminAccess", "mps"})
+    _keys(raw, path, _DEVICE_KEYS | _OPTIONAL_DEVICE_KEYS)
     admin = raw.get("adminAccess", False)
     if not isinstance(admin, bool):
         raise CheckpointFormatError(f"{path}.adminAccess: must be true or false")
@@ -442,7 +338,17 @@ def _device_from_dict(raw: Any, path: str) -> PreparedDevice:
         mig=mig,
         admin_access=admin,
         mps=mps,
+        share_id=_str(raw, "shareID", path) if "shareID" in raw else None,
+        consumed=_consumed(raw.get("consumedCapacity", {}), f"{path}.consumedCapacity"),
     )
+
+
+def _consumed(raw: Any, path: str) -> tuple[tuple[str, str], ...]:
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in raw.items()
+    ):
+        raise CheckpointFormatError(f"{path}: must map capacity names to quantities")
+    return tuple(sorted(raw.items()))
 
 
 def _check_claim(claim: PreparedClaim, path: str) -> None:

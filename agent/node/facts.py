@@ -105,13 +105,15 @@ class HostFacts:
             requests=planned.request_names,
             pool=planned.pool,
             device=device.name,
-            cdi_device_ids=self.device_ids(claim_uid, device.name),
+            cdi_device_ids=self.device_ids(claim_uid, _cdi_name(device.name, planned.share_id)),
             kind=device.kind,
             uuid=_uuid(device),
             gpu_minor=device.gpu.minor,
             config=planned.config,
             mig=self.mig.get(device.name),
             admin_access=planned.admin_access,
+            share_id=planned.share_id,
+            consumed=planned.consumed,
         )
 
     def device_ids(self, claim_uid: str, device_name: str) -> tuple[str, ...]:
@@ -120,6 +122,11 @@ class HostFacts:
             cdi.common_device_id(self.driver),
             cdi.claim_device_id(self.driver, claim_uid, device_name),
         )
+
+
+def _cdi_name(device: str, share_id: str | None) -> str:
+    """As ``PreparedDevice.cdi_name``: a share is a CDI device of its own."""
+    return device if share_id is None else f"{device}-{share_id}"
 
 
 def _uuid(device: NodeDevice) -> str:

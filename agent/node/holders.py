@@ -7,6 +7,12 @@ claims of the checkpoint plus the claims of requests in flight, which have plann
 that are not on disk yet; checking and reserving happen without an ``await`` in between, so
 two concurrent requests can never both take a device.
 
+A share of a device (KEP-5075: the allocation carries a ``shareID``) does not hold it alone:
+several claims hold shares of one device at once (the scheduler keeps their consumed
+capacity within the device's). A claim holding the whole device and claims holding shares of
+it exclude each other, so a device switched from dedicated to shared (``--consumable-shares``)
+stays its claim's until that claim is unprepared, and the other way round.
+
 Whether a device was prepared for ``adminAccess`` is recorded in the checkpoint itself
 (``PreparedDevice.admin_access``), so everything derived here is a function of the
 checkpoint and the reservations: after a restart, or after a reload of a checkpoint that
@@ -32,21 +38,34 @@ class DeviceHolders:
         self._inflight: dict[str, Prepared] = {}
 
     def holders(self, checkpoint: cp.Checkpoint) -> dict[str, str]:
-        """Device name -> the claim holding it exclusively (prepared or being prepared)."""
+        """Device name -> the claim holding it exclusively (prepared or being prepared);
+        a shared device -> one of the claims holding a share of it."""
         found: dict[str, str] = {}
-        claims = [(c.uid, c.devices) for c in checkpoint.claims.values()]
-        for uid, devices in [*claims, *self._inflight.items()]:
+        for uid, devices in self._all(checkpoint):
             for device in devices:
                 if not device.admin_access:
                     found[device.device] = uid
         return found
+
+    def sharers(self, checkpoint: cp.Checkpoint) -> dict[str, dict[str, str]]:
+        """Device name -> claim UID -> the share it holds (prepared or being prepared)."""
+        found: dict[str, dict[str, str]] = {}
+        for uid, devices in self._all(checkpoint):
+            for device in devices:
+                if device.share_id is not None and not device.admin_access:
+                    found.setdefault(device.device, {})[uid] = device.share_id
+        return found
+
+    def _all(self, checkpoint: cp.Checkpoint) -> list[tuple[str, Prepared]]:
+        claims = [(c.uid, c.devices) for c in checkpoint.claims.values()]
+        return [*claims, *self._inflight.items()]
 
     def held(self, checkpoint: cp.Checkpoint) -> dict[str, Prepared]:
         """Claim UID -> the devices it holds exclusively (prepared or being prepared)."""
         found: dict[str, Prepared] = {}
         claims = [(c.uid, c.devices) for c in checkpoint.claims.values()]
         for uid, devices in [*claims, *self._inflight.items()]:
-            exclusive = tuple(d for d in devices if not d.admin_access)
+            exclusive = tuple(d for d in devices if not d.admin_access and d.share_id is None)
             if exclusive:
                 found[uid] = exclusive
         return found
@@ -64,10 +83,30 @@ class DeviceHolders:
         checkpoint: cp.Checkpoint,
     ) -> str | None:
         """Why ``uid`` cannot take ``devices`` (naming the other claim), or None."""
+        shared = self.sharers(checkpoint) if any(d.share_id for d in devices) else {}
         for device in devices:
             if device.admin_access:
                 continue
             holder = holders.get(device.device)
+            if device.share_id is not None:
+                sharing = shared.get(device.device, {})
+                if holder is not None and holder != uid and holder not in sharing:
+                    return (
+                        f"claim {uid}: device {device.device} is prepared for claim "
+                        f"{self.describe(checkpoint, holder)} as a whole device; its shares "
+                        "(shareID) can be prepared once that claim is unprepared"
+                    )
+                continue
+            if (
+                holder is not None
+                and holder != uid
+                and holder in self.sharers(checkpoint).get(device.device, {})
+            ):
+                return (
+                    f"claim {uid}: device {device.device} is shared by claim "
+                    f"{self.describe(checkpoint, holder)} (a shareID); it can be prepared as a "
+                    "whole device once its shares are unprepared"
+                )
             if holder is not None and holder != uid:
                 entry = checkpoint.claims.get(holder)
                 who = f"{entry.namespace}/{entry.name} ({holder})" if entry else holder

@@ -9,7 +9,7 @@ JSON and the inventory, tested without files or sockets. The engine applies the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.dra.config import (
@@ -89,6 +89,10 @@ class PlannedDevice:
     request_names: tuple[str, ...]  # base request names, in allocation order
     admin_access: bool
     config: OpaqueConfig
+    #: KEP-5075: the share of the device this claim holds (None: the whole device), and what
+    #: it consumes (capacity name -> quantity)
+    share_id: str | None = None
+    consumed: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,27 +194,29 @@ def _merge(
     configs: Mapping[AllocationResult, OpaqueConfig],
     devices: Mapping[str, NodeDevice],
 ) -> tuple[PlannedDevice, ...]:
-    """One planned device per device name, its base request names merged in order."""
-    merged: dict[str, PlannedDevice] = {}
+    """One planned device per device name (and share: two shares of one device in a claim
+    are two devices), its base request names merged in order."""
+    merged: dict[tuple[str, str | None], PlannedDevice] = {}
     for result in results:
-        previous = merged.get(result.device)
+        key = (result.device, result.share_id)
+        previous = merged.get(key)
         if previous is None:
-            merged[result.device] = PlannedDevice(
+            merged[key] = PlannedDevice(
                 devices[result.device],
                 result.pool,
                 (result.base_request,),
                 result.admin_access,
                 configs[result],
+                result.share_id,
+                result.consumed,
             )
             continue
         names = previous.request_names
         if result.base_request not in names:
             names = (*names, result.base_request)
-        merged[result.device] = PlannedDevice(
-            previous.device,
-            previous.pool,
-            names,
-            previous.admin_access and result.admin_access,
-            previous.config,
+        merged[key] = replace(
+            previous,
+            request_names=names,
+            admin_access=previous.admin_access and result.admin_access,
         )
     return tuple(merged.values())

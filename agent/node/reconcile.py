@@ -187,12 +187,13 @@ def _adopt(
     for uid in sorted(specs.claim_uids()):
         names = _spec_device_names(specs.claim_path(uid), uid)
         devices: list[cp.PreparedDevice] = []
-        for name in names or ():
+        for cdi_name in names or ():
+            name, share = _device_and_share(cdi_name, facts)
             node_device = facts.devices.get(name)
             if node_device is None:
                 break
             config = default_config(node_device.kind)
-            planned = PlannedDevice(node_device, facts.pool, (), False, config)
+            planned = PlannedDevice(node_device, facts.pool, (), False, config, share)
             try:
                 devices.append(facts.prepared_device(uid, planned))
             except PrepareRefused:
@@ -208,6 +209,19 @@ def _adopt(
         checkpoint = cp.mark_completed(checkpoint, uid, devices, spec_file)
         adopted.append(uid)
     return checkpoint, adopted
+
+
+def _device_and_share(cdi_name: str, facts: HostFacts) -> tuple[str, str | None]:
+    """A spec's ``<device>`` or ``<device>-<shareID>`` (a KEP-5075 share, a UUID)."""
+    if cdi_name in facts.devices or len(cdi_name) <= _SHARE_SUFFIX:
+        return cdi_name, None
+    device, share = cdi_name[:-_SHARE_SUFFIX], cdi_name[-_SHARE_SUFFIX + 1 :]
+    if device in facts.devices and cdi_name[-_SHARE_SUFFIX] == "-":
+        return device, share
+    return cdi_name, None
+
+
+_SHARE_SUFFIX = 37  # "-" and a UUID
 
 
 def _spec_device_names(path: Path, uid: str) -> list[str] | None:

@@ -27,6 +27,7 @@ class PreparedDeviceResult:
     pool_name: str
     device_name: str
     cdi_device_ids: tuple[str, ...]  # fully qualified, vendor/class=name
+    share_id: str | None = None  # KEP-5075: the allocation's shareID, echoed (v1 share_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,15 +38,13 @@ number of daemons this agent runs.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import replace
 
 import anyio
-from opentelemetry import trace
 
 from agent.crash import crash_point
-from agent.dra.config import MpsConfig, Sharing, SharingStrategy
+from agent.dra.config import SharingStrategy
 from agent.hardware.compute_mode import ComputeMode, ComputeModes
 from agent.node import checkpoint as cp
 from agent.node.effectors import (
@@ -59,26 +57,31 @@ from agent.node.effectors import (
     undo_unfinished,
 )
 from agent.node.plan import NodeDevice
-from agent.sharing.mps import MpsDaemons, daemons_of, limit_commands
-from agent.sharing.supervise import Check, DaemonSupervisor, Found
+from agent.sharing.mps import MpsDaemons
+from agent.sharing.settings import (
+    MPS,
+    MPS_SHARED,
+    NAME,
+    TIME_SLICING,
+    describe,
+    mps_plan,
+    recorded_pid,
+    setting,
+    strategy,
+    with_pid,
+)
+from agent.sharing.supervise import DaemonSupervisor
 from agent.sharing.tools import DriverTools
+from agent.sharing.upkeep import DaemonUpkeep
 from agent.telemetry.metrics import (
-    MPS_DAEMON_RESTARTS,
     MPS_DAEMONS,
-    SHARING_CHANGES,
-    add,
     set_gauge,
 )
-from agent.telemetry.tracing import outcome_span
 
 log = logging.getLogger(__name__)
 
-NAME = "sharing"
-TIME_SLICING = str(SharingStrategy.TIME_SLICING)
-MPS = str(SharingStrategy.MPS)
 
-
-class SharingEffector:
+class SharingEffector(DaemonUpkeep):
     """The effector of the module docstring for the devices of ``devices``."""
 
     name = NAME
@@ -139,13 +142,13 @@ class SharingEffector:
                     changed = True
             if changed:
                 crash_point("after-compute-mode")
-            mps_devices = [d for d in shared if _strategy(d) == MPS]
+            mps_devices = [d for d in shared if strategy(d) == MPS]
             if not mps_devices:
                 return devices
             await self._start_daemon(uid, mps_devices, record, intents, started)
         except Exception as error:  # an NVML or tool error, or a bug: this claim only
             pid = started[0] if started else None
-            leftover = await self._undo_quietly(uid, self._with_pid(intents, pid))
+            leftover = await self._undo_quietly(uid, with_pid(intents, pid))
             message = str(error) if isinstance(error, EffectFailed) else f"claim {uid}: {error}"
             raise EffectFailed(message, leftover) from error
         if started:
@@ -204,97 +207,12 @@ class SharingEffector:
         for claim in checkpoint.completed():
             mine = [i for i in claim.intents if i.effector == NAME]
             for intent in mine:
-                setting = _setting(intent)
-                if setting is not None:
-                    self._settings.setdefault(intent.string("gpuUUID"), {})[claim.uid] = setting
+                held = setting(intent)
+                if held is not None:
+                    self._settings.setdefault(intent.string("gpuUUID"), {})[claim.uid] = held
             if any(i.get("strategy") == MPS for i in mine):
                 daemons.add(claim.uid)
         return daemons
-
-    # -- while the engine serves (``effectors.MaintainingEffector``) -----------------------
-
-    def attach(self, maintain: Maintain) -> None:
-        """The engine serves: supervise the daemons (``supervise``)."""
-        self._maintain = maintain
-        self.supervisor.attach(self._keep)
-
-    def reload(self, checkpoint: cp.Checkpoint) -> None:
-        """Another agent instance wrote the checkpoint (a rolling upgrade): the per-GPU
-        settings follow it, and its new MPS claims' daemons are supervised here too (the
-        claim's hold decides which instance restarts a daemon; the other one adopts it)."""
-        self._rebuild_settings(checkpoint)
-        watched = self.supervisor.watched()
-        for claim in checkpoint.completed():
-            if claim.uid in watched:
-                continue
-            mps = [i for i in claim.intents if i.effector == NAME and i.get("strategy") == MPS]
-            if mps:
-                self.supervisor.watch(claim.uid, _pid(mps))
-
-    async def close(self) -> None:
-        await self.supervisor.close()
-
-    async def _keep(self, uid: str, exited: int | None, restart: bool) -> Check:
-        """The supervisor's keeper (``supervise.Keeper``), under the claim's hold."""
-        maintain = self._maintain
-        if maintain is None:
-            return Check(Found.GONE)
-        found: list[Check] = []
-
-        async def work(entry: cp.PreparedClaim | None, record: RecordIntents) -> None:
-            found.append(await self._check_daemon(uid, entry, record, exited, restart))
-
-        await maintain(uid, work)
-        return found[0] if found else Check(Found.GONE)
-
-    async def _check_daemon(
-        self,
-        uid: str,
-        entry: cp.PreparedClaim | None,
-        record: RecordIntents,
-        exited: int | None,
-        restart: bool,
-    ) -> Check:
-        if entry is None or entry.state is not cp.ClaimState.PREPARE_COMPLETED:
-            return Check(Found.GONE)
-        mine = tuple(i for i in entry.intents if i.effector == NAME)
-        mps = [i for i in mine if i.get("strategy") == MPS]
-        devices = [d for d in entry.devices if d.mps is not None]
-        if not mps or not devices:
-            return Check(Found.GONE)
-        pipe = self._daemons.directories(uid).pipe
-        recorded = _pid(mps)
-        if recorded is not None and recorded != exited and self._daemons.alive(recorded, pipe):
-            return Check(Found.RUNNING, recorded)
-        others = [p for p in await anyio.to_thread.run_sync(daemons_of, pipe) if p != exited]
-        if others:  # started by the other instance, or by a start that crashed
-            await record(self._with_pid(mine, others[0]))
-            return Check(Found.RUNNING, others[0])
-        if not restart:
-            return Check(Found.DOWN)
-        with anyio.CancelScope(shield=True):  # a restart is never left halfway
-            pid = await self._restart_daemon(uid, devices, mine, record)
-        return Check(Found.RESTARTED, pid)
-
-    async def _restart_daemon(
-        self,
-        uid: str,
-        devices: list[cp.PreparedDevice],
-        mine: tuple[cp.Intent, ...],
-        record: RecordIntents,
-    ) -> int:
-        """Start the claim's daemon again in its directories: the new pid recorded, ready,
-        the limits applied; on failure it is stopped again (the directories stay)."""
-        config, uuids = _mps_of(devices)
-        with self._change("apply", MPS, ",".join(uuids), ",".join(d.device for d in devices)):
-            pid = await self._daemons.start(uid, uuids)
-            try:
-                await record(self._with_pid(mine, pid))
-                await self._serve(uid, pid, config, uuids)
-            except BaseException:
-                await self._daemons.kill(uid, pid)
-                raise
-        return pid
 
     # -- intents --------------------------------------------------------------------------
 
@@ -325,22 +243,8 @@ class SharingEffector:
                 ("uuid", device.uuid),
                 ("gpuUUID", gpu_uuid),
                 ("directory", str(directory)),
+                *((("share", device.share_id),) if device.share_id is not None else ()),
             ),
-        )
-
-    @staticmethod
-    def _with_pid(intents: tuple[cp.Intent, ...], pid: object) -> tuple[cp.Intent, ...]:
-        if not isinstance(pid, int):
-            return intents
-        return tuple(
-            cp.Intent(
-                i.effector,
-                i.device,
-                (*((k, v) for k, v in i.parameters if k != "pid"), ("pid", pid)),
-            )
-            if i.get("strategy") == MPS
-            else i
-            for i in intents
         )
 
     # -- time-slicing ---------------------------------------------------------------------
@@ -354,7 +258,7 @@ class SharingEffector:
     def _claim_in_the_way(self, uid: str, gpu: str, setting: str) -> str | None:
         for other, theirs in self._settings.get(gpu, {}).items():
             if other != uid and theirs != setting:
-                return f"claim {other} holds GPU {gpu} with {_describe(theirs)}"
+                return f"claim {other} holds GPU {gpu} with {describe(theirs)}"
         return None
 
     async def _time_slice(self, uid: str, intent: cp.Intent) -> None:
@@ -375,21 +279,30 @@ class SharingEffector:
             self._settings.setdefault(gpu, {})[uid] = setting
 
     async def _exclusive(self, uid: str, intent: cp.Intent) -> None:
+        """MPS on a full GPU: exclusive-process mode for the claim's one daemon, or, for a
+        KEP-5075 share, the default mode that the daemons of the GPU's other shares need."""
         gpu = intent.string("gpuUUID")
+        shared = intent.get("share") is not None
+        wanted = MPS_SHARED if shared else MPS
         async with self._lock(gpu):
             others = [u for u in self._settings.get(gpu, {}) if u != uid]
-            other = self._claim_in_the_way(uid, gpu, MPS)
-            if other is None and others:  # a daemon of its own: exclusive-process allows one
+            other = self._claim_in_the_way(uid, gpu, wanted)
+            if other is None and others and not shared:  # exclusive-process allows one daemon
                 other = f"claim {others[0]} shares GPU {gpu} through its own MPS daemon"
             if other is not None:
-                raise EffectFailed(
-                    f"claim {uid}: device {intent.device} asks for MPS, but {other}; an MPS "
-                    "daemon needs the GPU in exclusive-process mode for itself"
+                needs = (
+                    "MPS shares need the GPU in the default compute mode"
+                    if shared
+                    else "an MPS daemon needs the GPU in exclusive-process mode for itself"
                 )
+                raise EffectFailed(
+                    f"claim {uid}: device {intent.device} asks for MPS, but {other}; {needs}"
+                )
+            mode = ComputeMode.DEFAULT if shared else ComputeMode.EXCLUSIVE_PROCESS
             with self._change("apply", MPS, gpu, intent.device) as span:
-                span.set_attribute("sharing.compute_mode", "EXCLUSIVE_PROCESS")
-                await self._modes.set(gpu, ComputeMode.EXCLUSIVE_PROCESS)
-            self._settings.setdefault(gpu, {})[uid] = MPS
+                span.set_attribute("sharing.compute_mode", mode.name)
+                await self._modes.set(gpu, mode)
+            self._settings.setdefault(gpu, {})[uid] = wanted
 
     async def _restore(self, uid: str, intent: cp.Intent) -> None:
         """Forget ``uid``'s setting of the intent's GPU; the last one out restores it."""
@@ -423,20 +336,18 @@ class SharingEffector:
         missing = [d.device for d in devices if not d.uuid]
         if missing:
             raise EffectFailed(f"claim {uid}: device(s) {', '.join(missing)} have no UUID yet")
-        config, uuids = _mps_of(devices)
+        plan = mps_plan(devices)
+        uuids = plan.uuids
         with self._change("apply", MPS, ",".join(uuids), ",".join(d.device for d in devices)):
-            pid = await self._daemons.start(uid, uuids)
+            pid = await self._daemons.start(uid, uuids, plan.environment)
             started.append(pid)
             self._with_daemon.add(uid)
             set_gauge(MPS_DAEMONS, len(self._with_daemon))
-            await record(self._with_pid(intents, pid))
+            await record(with_pid(intents, pid))
             crash_point("after-mps-daemon-start")
-            await self._serve(uid, pid, config, uuids)
-
-    async def _serve(self, uid: str, pid: int, config: MpsConfig, uuids: list[str]) -> None:
-        """A started daemon made ready for the claim's pods: ready, its limits applied."""
-        await self._daemons.wait_ready(uid, pid)
-        await self._daemons.apply_limits(uid, limit_commands(config, uuids))
+            await self._serve(uid, pid, plan.config, uuids)
+            if plan.environment:  # a KEP-5075 share, limited to its consumed memory
+                crash_point("after-mps-share-limits")
 
     def _share(self, uid: str) -> cp.MpsShare:
         dirs = self._daemons.directories(uid)
@@ -444,7 +355,7 @@ class SharingEffector:
 
     async def _stop_daemon(self, uid: str, intents: tuple[cp.Intent, ...]) -> None:
         watched = await self.supervisor.stop(uid)  # first: this exit is no crash
-        pid = watched if watched is not None else _pid(intents)
+        pid = watched if watched is not None else recorded_pid(intents)
         directory = intents[0].string("directory")
         expected = str(self._daemons.directories(uid).root)
         if directory != expected:  # written by an agent with another plugin directory
@@ -453,55 +364,6 @@ class SharingEffector:
             await self._daemons.stop(uid, pid)
         self._with_daemon.discard(uid)
         set_gauge(MPS_DAEMONS, len(self._with_daemon))
-
-    async def _revive_daemons(
-        self, checkpoint: cp.Checkpoint
-    ) -> tuple[dict[str, tuple[int | None, bool]], list[str]]:
-        """Restart the daemon of a completed claim that is not running any more (it died, or
-        a container restart took it along with the agent): its pods' next CUDA processes
-        find MPS again. The compute mode was left as the claim set it. Returns claim UID ->
-        (the pid that runs now, None if none could be started; whether the checkpoint
-        records another pid) for supervision, and the problems."""
-        problems = []
-        running: dict[str, tuple[int | None, bool]] = {}
-        for claim in checkpoint.completed():
-            mine = [i for i in claim.intents if i.effector == NAME and i.get("strategy") == MPS]
-            devices = [d for d in claim.devices if d.mps is not None]
-            if not mine or not devices:
-                continue
-            pipe = self._daemons.directories(claim.uid).pipe
-            recorded = _pid(mine)
-            if recorded is not None and self._daemons.alive(recorded, pipe):
-                running[claim.uid] = (recorded, False)
-                continue
-            found = await anyio.to_thread.run_sync(daemons_of, pipe)
-            if found:  # restarted by an earlier start of the agent
-                running[claim.uid] = (found[0], True)
-                continue
-            config, uuids = _mps_of(devices)
-            try:
-                with self._change("apply", MPS, ",".join(uuids), devices[0].device):
-                    pid = await self._daemons.start(claim.uid, uuids)
-                    running[claim.uid] = (pid, True)
-                    await self._serve(claim.uid, pid, config, uuids)
-            except Exception as error:
-                add(MPS_DAEMON_RESTARTS, 1, outcome="error")
-                if claim.uid in running:
-                    await self._daemons.kill(claim.uid, pid)
-                running[claim.uid] = (None, False)  # the supervisor tries again
-                problems.append(
-                    f"claim {claim.uid}: its MPS control daemon was not running and could not "
-                    f"be restarted: {error}; its pods cannot start new MPS clients until a "
-                    "restart succeeds (retried with backoff)"
-                )
-                continue
-            add(MPS_DAEMON_RESTARTS, 1, outcome="success")
-            log.warning(
-                "restarted the MPS control daemon of claim %s (pid %d; it was not running)",
-                claim.uid,
-                pid,
-            )
-        return running, problems
 
     # -- failure path ---------------------------------------------------------------------
 
@@ -514,49 +376,3 @@ class SharingEffector:
             log.warning("%s", error)
             return error.leftover or intents
         return ()
-
-    # -- telemetry ------------------------------------------------------------------------
-
-    @contextmanager
-    def _change(self, operation: str, strategy: str, gpu: str, device: str) -> Iterator[trace.Span]:
-        """Span ``sharing.<operation>`` and the change counter."""
-        attributes = {"sharing.strategy": strategy, "gpu.uuid": gpu, "k8s.device.name": device}
-
-        def ended(result: str) -> None:
-            add(SHARING_CHANGES, 1, strategy=strategy, operation=operation, outcome=result)
-
-        with outcome_span(f"sharing.{operation}", attributes, "sharing.result", ended) as span:
-            yield span
-
-
-def _mps_of(devices: Sequence[cp.PreparedDevice]) -> tuple[MpsConfig, list[str]]:
-    """The MPS settings of a claim's shared devices (its opaque config, else the defaults)
-    and their GPU UUIDs, sorted: what its daemon is started and limited with."""
-    sharing = devices[0].config.sharing
-    config = (sharing.mps if sharing is not None else None) or MpsConfig()
-    return config, sorted(d.uuid for d in devices)
-
-
-def _strategy(device: cp.PreparedDevice) -> str | None:
-    sharing: Sharing | None = device.config.sharing
-    return None if sharing is None else str(sharing.strategy)
-
-
-def _setting(intent: cp.Intent) -> str | None:
-    """What a recorded intent holds on its GPU (None: nothing on the GPU itself)."""
-    if intent.get("strategy") == TIME_SLICING:
-        return f"{TIME_SLICING}/{intent.get('interval')}"
-    if intent.get("strategy") == MPS and intent.get("kind") == "gpu":
-        return MPS
-    return None
-
-
-def _describe(setting: str) -> str:
-    if setting.startswith(TIME_SLICING):
-        return f"time-slicing with interval {setting.partition('/')[2]}"
-    return "MPS (exclusive-process mode)"
-
-
-def _pid(intents: Iterable[cp.Intent]) -> int | None:
-    """The daemon pid recorded in MPS intents (None: not recorded)."""
-    return next((p for i in intents if isinstance(p := i.get("pid"), int)), None)

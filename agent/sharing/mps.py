@@ -38,7 +38,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,12 +166,15 @@ class MpsDaemons:
 
     # -- start --------------------------------------------------------------------------
 
-    async def start(self, claim_uid: str, uuids: Sequence[str]) -> int:
-        """Create the directories and start the claim's daemon; its pid."""
+    async def start(
+        self, claim_uid: str, uuids: Sequence[str], environment: Mapping[str, str] | None = None
+    ) -> int:
+        """Create the directories and start the claim's daemon (with ``environment`` added,
+        e.g. a share's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``); its pid."""
         dirs = self.directories(claim_uid)
-        return await anyio.to_thread.run_sync(self._start, dirs, list(uuids))
+        return await anyio.to_thread.run_sync(self._start, dirs, list(uuids), environment or {})
 
-    def _start(self, dirs: MpsDirectories, uuids: list[str]) -> int:
+    def _start(self, dirs: MpsDirectories, uuids: list[str], extra: Mapping[str, str]) -> int:
         socket_path = dirs.pipe / "control"
         if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
             raise ToolFailed(
@@ -187,6 +190,7 @@ class MpsDaemons:
                 "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
                 "CUDA_MPS_LOG_DIRECTORY": str(dirs.log),
                 "CUDA_VISIBLE_DEVICES": ",".join(uuids),
+                **extra,
             }
         )
         binary = self._tools.path(MPS_CONTROL)

@@ -33,6 +33,8 @@ class AllocatedDevice:
     pool: str
     driver: str = DEFAULT_DRIVER
     admin_access: bool | None = None
+    share_id: str | None = None  # KEP-5075: a share of a device allocated several times
+    consumed: Mapping[str, str] | None = None  # its consumedCapacity
 
     def to_result(self) -> Obj:
         result: Obj = {
@@ -43,6 +45,10 @@ class AllocatedDevice:
         }
         if self.admin_access is not None:
             result["adminAccess"] = self.admin_access
+        if self.share_id is not None:
+            result["shareID"] = self.share_id
+        if self.consumed is not None:
+            result["consumedCapacity"] = dict(self.consumed)
         return result
 
 

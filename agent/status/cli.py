@@ -92,6 +92,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="this node's name, the slices' pool [NODE_NAME] (default: host name)",
     )
     add(
+        "--namespace",
+        default=env("POD_NAMESPACE") or "gpu-dra-agent",
+        help="the agent's namespace, where its ComputeDomainCliques (domain membership) live "
+        "[POD_NAMESPACE] (default: gpu-dra-agent)",
+    )
+    add(
         "--api-timeout-seconds",
         type=float,
         default=DEFAULT_API_TIMEOUT_S,
@@ -158,6 +164,7 @@ async def snapshot(args: argparse.Namespace) -> Snapshot:
             CHANNEL_DRIVER,
             [(c.uid, c.namespace, c.name) for c in claims],
             args.api_timeout_seconds,
+            namespace=args.namespace,
         )
     health = await read_health(Path(local.agent.socket)) if local.agent.socket else None
     return Snapshot(

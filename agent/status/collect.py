@@ -19,8 +19,8 @@ from typing import Any
 
 from agent.dra import cdi
 from agent.imex import daemon_files
+from agent.imex.channel_checkpoint import CHECKPOINT_FILE as CHANNEL_CHECKPOINT
 from agent.imex.config import DRIVER as CHANNEL_DRIVER
-from agent.imex.engine import CHECKPOINT_FILE as CHANNEL_CHECKPOINT
 from agent.node import checkpoint as cp
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import FILE_NAME, LoadStatus

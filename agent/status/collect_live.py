@@ -74,11 +74,15 @@ async def read_api(
     channel_driver: str,
     claims: Iterable[tuple[str, str, str]],
     timeout_s: float,
+    *,
+    namespace: str = "gpu-dra-agent",
 ) -> ApiView:
-    """This node's slices of both drivers, the prepared claims (for their pods) and the
-    ComputeDomains; ``CannotRead`` on a configuration or API error."""
+    """This node's slices of both drivers, the prepared claims (for their pods), the
+    ComputeDomains and the ComputeDomainCliques of ``namespace`` (the agent's: membership
+    sharded per clique); ``CannotRead`` on a configuration or API error."""
     import aiohttp
 
+    from agent.imex.cliques import CliqueApi
     from agent.imex.domains import DomainApi
     from agent.kube.claims import ApiClaimReader, ClaimNotFound, ClaimReadError
     from agent.kube.client import create_api_client
@@ -101,14 +105,22 @@ async def read_api(
             if (claim.get("metadata") or {}).get("uid") == uid:
                 read[uid] = claim
         domains: tuple[dict[str, Any], ...] = ()
+        cliques: tuple[dict[str, Any], ...] = ()
         if channel:
-            domains = tuple(await DomainApi(client, request_timeout=timeout_s).list_all())
+            domain_api = DomainApi(client, request_timeout=timeout_s)
+            domains = tuple(await domain_api.list_all())
+            clique_api = CliqueApi(client, domain_api.call, namespace)
+            try:
+                cliques = tuple(await clique_api.list_all())
+            except ApiStatusError as error:
+                if error.code not in (403, 404):  # no CRD (status.nodes membership) or no right
+                    raise
     except (ApiStatusError, ClaimReadError, aiohttp.ClientError, OSError, TimeoutError) as error:
         raise CannotRead(f"the API server could not be read: {error}") from None
     finally:
         await reader.close()
         await client.close()
-    return ApiView(mine, channel, read, domains)
+    return ApiView(mine, channel, read, domains, cliques)
 
 
 #: How long the agent's health stream may take to send its first list.

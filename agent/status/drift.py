@@ -15,6 +15,7 @@ from typing import Any
 
 from agent.dra import build_device_set, build_slices
 from agent.dra.partitionable import MIG_EFFECTOR, owned_by_intents
+from agent.imex.cliques import DOMAIN_LABEL
 from agent.node import checkpoint as cp
 from agent.node.checkpoint_store import LoadStatus
 from agent.status.model import Finding, Snapshot
@@ -194,7 +195,8 @@ def _imex(snapshot: Snapshot) -> Iterable[Finding]:
         if members is not None and claim.domain_uid not in members:
             yield Finding(
                 f"ComputeDomain {claim.domain} ({claim.domain_uid})",
-                f"node {snapshot.node} is not in its status.nodes although a channel claim "
+                f"node {snapshot.node} is not among its members (ComputeDomainClique or "
+                "status.nodes) although a channel claim "
                 "is prepared",
                 _start(snapshot, "joins the domain again"),
             )
@@ -204,14 +206,36 @@ def _members(snapshot: Snapshot) -> set[str] | None:
     """The uids of the ComputeDomains that list this node (None without API access)."""
     if snapshot.api is None or not snapshot.api.channel_slices:
         return None
-    return {
-        str(domain.get("metadata", {}).get("uid"))
-        for domain in snapshot.api.domains
-        if any(
-            isinstance(n, Mapping) and n.get("name") == snapshot.node
-            for n in (domain.get("status") or {}).get("nodes") or []
-        )
-    }
+    uids = {str((d.get("metadata") or {}).get("uid")) for d in snapshot.api.domains}
+    uids |= {clique_domain(c) for c in snapshot.api.cliques}
+    return {uid for uid in uids if member_entry(snapshot, uid) is not None}
+
+
+def member_entry(snapshot: Snapshot, domain_uid: str) -> Mapping[str, Any] | None:
+    """This node's entry in a domain's membership: in a ComputeDomainClique's ``daemons``
+    (membership per clique; the controller copies them into ``status.nodes``), else in the
+    domain's ``status.nodes`` (the ``status`` membership). ``name``, ``index``, ``status``."""
+    if snapshot.api is None:
+        return None
+    for clique in snapshot.api.cliques:
+        if clique_domain(clique) != domain_uid:
+            continue
+        for daemon in clique.get("daemons") or []:
+            if isinstance(daemon, Mapping) and daemon.get("nodeName") == snapshot.node:
+                return {**daemon, "name": snapshot.node}
+    for domain in snapshot.api.domains:
+        if str((domain.get("metadata") or {}).get("uid")) == domain_uid:
+            for node in (domain.get("status") or {}).get("nodes") or []:
+                if isinstance(node, Mapping) and node.get("name") == snapshot.node:
+                    return node
+    return None
+
+
+def clique_domain(clique: Mapping[str, Any]) -> str:
+    """The domain uid of a ComputeDomainClique: its label, else its name's first part."""
+    labels = (clique.get("metadata") or {}).get("labels") or {}
+    name = str((clique.get("metadata") or {}).get("name") or "")
+    return str(labels.get(DOMAIN_LABEL) or name.partition(".")[0])
 
 
 def expected_devices(snapshot: Snapshot, dynamic: bool) -> dict[str, dict[str, Any]]:

@@ -103,6 +103,7 @@ class ApiView:
     channel_slices: tuple[dict[str, Any], ...] = ()
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> ResourceClaim
     domains: tuple[dict[str, Any], ...] = ()
+    cliques: tuple[dict[str, Any], ...] = ()  # ComputeDomainCliques (membership per clique)
 
 
 @dataclass(frozen=True)

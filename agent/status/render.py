@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from agent.node import checkpoint as cp
-from agent.status.drift import agent_made, claim_label
+from agent.status.drift import agent_made, claim_label, member_entry
 from agent.status.model import Finding, Snapshot
 
 #: ``NVML_COMPUTEMODE_*`` as ``nvidia-smi`` names them.
@@ -195,8 +195,7 @@ def _domains(snapshot: Snapshot) -> list[dict[str, Any]]:
         entry["imexDaemon"] = {"pid": pid, "alive": pid is not None}
         found = api.get(claim.domain_uid)
         if found is not None:
-            nodes = (found.get("status") or {}).get("nodes") or []
-            mine = next((n for n in nodes if n.get("name") == snapshot.node), None)
+            mine = member_entry(snapshot, claim.domain_uid)
             entry["member"] = mine is not None
             if mine is not None:
                 entry["index"] = mine.get("index")

@@ -64,3 +64,34 @@ def example_objects() -> dict[str, list[dict[str, Any]]]:
         path.name: [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
         for path in sorted(EXAMPLES.glob("*.yaml"))
     }
+
+
+#: The node name Kubernetes puts into a token bound to a pod or a Node (1.32+).
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def admission_denials(
+    policy: dict[str, Any], operation: str, old: Any, new: Any, node: str | None, user: str
+) -> list[str] | None:
+    """Evaluate a ValidatingAdmissionPolicy as the API server does (matchConditions, then the
+    variables in order, then the validations) for one request: the messages of the failing
+    validations, or None when the policy does not apply to this request."""
+    import cel
+
+    spec = policy["spec"]
+    extra = {NODE_CLAIM: [node]} if node else {}
+    activation: dict[str, Any] = {
+        "request": {"operation": operation, "userInfo": {"username": user, "extra": extra}},
+        "object": new,
+        "oldObject": old,
+    }
+    if not all(cel.evaluate(c["expression"], activation) for c in spec["matchConditions"]):
+        return None
+    activation["variables"] = {}
+    for variable in spec["variables"]:  # in order: later ones read earlier ones
+        activation["variables"][variable["name"]] = cel.evaluate(variable["expression"], activation)
+    return [
+        str(cel.evaluate(v["messageExpression"], activation))
+        for v in spec["validations"]
+        if not cel.evaluate(v["expression"], activation)
+    ]

@@ -15,19 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import cel
 import pytest
 
 from agent.imex.domains import DomainApi, domain_ref
 from agent.kube.client import create_api_client
 from agent.sim.apiserver import EmbeddedApiServer
-from tests.deploy.conftest import KUBERNETES, build, find
+from tests.deploy.conftest import KUBERNETES, admission_denials, build, find
 
 pytestmark = pytest.mark.anyio
 PRODUCTION = KUBERNETES / "overlays" / "production"
 POLICY = "gpu-dra-agent-computedomain-status"
 AGENT = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent"
-NODE_CLAIM = "authentication.kubernetes.io/node-name"
 CLIQUE = "6f1a3c2e-9b4d-4e7a-8c21-3d5f7a9b1c0e.32766"
 Obj = dict[str, Any]
 
@@ -45,24 +43,8 @@ def policy() -> Obj:
 
 def denials(policy: Obj, old: Obj, new: Obj, node: str | None, user: str = AGENT) -> list[str]:
     """The messages of the validations that fail for this UPDATE of ``computedomains/status``
-    (empty: admitted); ``["not matched"]`` never appears for the agent's user."""
-    spec = policy["spec"]
-    extra = {NODE_CLAIM: [node]} if node else {}
-    activation: dict[str, Any] = {
-        "request": {"operation": "UPDATE", "userInfo": {"username": user, "extra": extra}},
-        "object": new,
-        "oldObject": old,
-    }
-    if not all(cel.evaluate(c["expression"], activation) for c in spec["matchConditions"]):
-        return []  # the policy does not apply to this user
-    activation["variables"] = {}
-    for variable in spec["variables"]:  # in order: later ones read earlier ones
-        activation["variables"][variable["name"]] = cel.evaluate(variable["expression"], activation)
-    return [
-        str(cel.evaluate(v["messageExpression"], activation))
-        for v in spec["validations"]
-        if not cel.evaluate(v["expression"], activation)
-    ]
+    (empty: admitted, or the policy does not apply to this user)."""
+    return admission_denials(policy, "UPDATE", old, new, node, user) or []
 
 
 def domain(status: Obj | None = None) -> Obj:

@@ -337,7 +337,11 @@ def _rules(role: dict[str, Any]) -> set[tuple[str, str, str]]:
 
 def test_compute_domain_crd_has_the_incumbents_fields_and_a_status_subresource() -> None:
     crd = find(build(PRODUCTION), "CustomResourceDefinition", "computedomains.resource.nvidia.com")
-    assert find(build(KUBERNETES / "crds"), "CustomResourceDefinition")["spec"] == crd["spec"]
+    crds = build(KUBERNETES / "crds")
+    assert (
+        find(crds, "CustomResourceDefinition", "computedomains.resource.nvidia.com")["spec"]
+        == (crd["spec"])
+    )
     spec = crd["spec"]
     assert (spec["group"], spec["scope"], spec["names"]["kind"]) == (
         "resource.nvidia.com", "Namespaced", "ComputeDomain",

@@ -47,10 +47,12 @@ def test_the_service_accounts_are_bound_to_their_own_roles_only() -> None:
             "gpu-dra-agent",
             "gpu-dra-agent-events",
             "gpu-dra-agent-compute-domains",
+            "gpu-dra-agent-compute-domain-cliques",
         },
         "gpu-dra-agent-controller": {
             "gpu-dra-agent-controller",
             "gpu-dra-agent-controller-leader-election",
+            "gpu-dra-agent-controller-cliques",
         },
     }
     # neither account may read Secrets or touch Pods, nor write ResourceClaims

@@ -29,6 +29,8 @@ from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 
 TRAY = "gb200-nvl72-tray"
 NAMESPACE = "default"
+#: where the agents keep their ComputeDomainCliques (their --namespace default)
+DRIVER_NAMESPACE = "gpu-dra-agent"
 START_TIMEOUT = 40.0
 READY_TIMEOUT_S = 4
 
@@ -256,6 +258,19 @@ class Cluster:
         )
 
 
+async def settled_members(
+    cluster: Cluster, name: str, names: Sequence[str], namespace: str = NAMESPACE
+) -> None:
+    """Wait until the domain's ``status.nodes`` (the controller's copy of its cliques) names
+    exactly ``names``."""
+
+    def check() -> bool:
+        nodes = (cluster.domain(name, namespace).get("status") or {}).get("nodes") or []
+        return sorted(n["name"] for n in nodes) == sorted(names)
+
+    await eventually(check, what=f"the members of {namespace}/{name} to be {list(names)}")
+
+
 async def eventually(check: Any, *, what: str, timeout: float = 20.0) -> None:  # noqa: ASYNC109
     with anyio.move_on_after(timeout):
         while not check():  # noqa: ASYNC110 - files and API objects of other processes
@@ -278,6 +293,20 @@ def imex_daemons(config: Path) -> list[int]:
         if state != "Z" and b"nvidia-imex" in cmdline and str(config).encode() in cmdline:
             found.append(int(entry.name))
     return found
+
+
+async def stop_all(cluster: Cluster) -> None:
+    """Stop every agent and the controller; kill the IMEX daemons a stopped agent leaves for
+    the next one (those of a claim a failed test left prepared)."""
+    for node in cluster.nodes.values():
+        if node.process is not None and node.process.returncode is None:
+            await cluster.stop(node)
+        for config in (node.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
+            for pid in imex_daemons(config):
+                os.kill(pid, signal.SIGKILL)
+    if cluster.controller is not None and cluster.controller.returncode is None:
+        cluster.controller.terminate()
+        await cluster.controller.wait()
 
 
 async def start_controller(cluster: Cluster) -> None:
@@ -314,12 +343,4 @@ async def running_cluster(
                     group.start_soon(cluster.start, node)
             yield cluster
         finally:
-            for node in cluster.nodes.values():
-                if node.process is not None and node.process.returncode is None:
-                    await cluster.stop(node)
-                for config in (node.plugin_dir / "domains").glob(f"*/{CONFIG_FILE}"):
-                    for pid in imex_daemons(config):
-                        os.kill(pid, signal.SIGKILL)
-            if cluster.controller is not None and cluster.controller.returncode is None:
-                cluster.controller.terminate()
-                await cluster.controller.wait()
+            await stop_all(cluster)

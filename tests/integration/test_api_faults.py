@@ -57,6 +57,7 @@ import anyio
 import anyio.abc
 import pytest
 
+from agent.imex.cliques import DOMAIN_LABEL
 from agent.imex.domains import node_entries
 from agent.sim.allocation import whole_pool
 from agent.sim.apiserver import EmbeddedApiServer
@@ -856,16 +857,17 @@ TRANSITION_ROWS = [(t, f) for t in TRANSITIONS for f in READ_FAULTS]
 
 
 def set_node_entry(cluster: Cluster, name: str, ready: bool | None) -> None:
-    """Write (or, with None, remove) a node's entry in the domain's status by hand, as a node
-    agent's join and report would: the controller's next pass makes the transition."""
+    """Write (or, with None, empty) a node's entry in the domain's ComputeDomainClique by hand,
+    as a node agent's join and report would: the controller's next pass copies it into the
+    domain's status and makes the transition."""
     domain = cluster.domain(name, CONTROLLER_NS)
-    status = dict(domain.get("status") or {})
-    status["nodes"] = (
+    uid = domain["metadata"]["uid"]
+    daemons = (
         []
         if ready is None
         else [
             {
-                "name": "node-x",
+                "nodeName": "node-x",
                 "ipAddress": "10.0.9.1",
                 "cliqueID": "clique-x",
                 "index": 0,
@@ -873,7 +875,18 @@ def set_node_entry(cluster: Cluster, name: str, ready: bool | None) -> None:
             }
         ]
     )
-    cluster.server.put_object({**domain, "status": status})
+    cluster.server.put_object(
+        {
+            "apiVersion": "resource.nvidia.com/v1beta1",
+            "kind": "ComputeDomainClique",
+            "metadata": {
+                "name": f"{uid}.clique-x",
+                "namespace": LEASE_NAMESPACE,
+                "labels": {DOMAIN_LABEL: uid},
+            },
+            "daemons": daemons,
+        }
+    )
 
 
 async def _status_is(cluster: Cluster, name: str, wanted: str, by: float) -> None:

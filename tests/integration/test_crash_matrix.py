@@ -54,10 +54,11 @@ from agent.crash import ALL_CRASH_POINTS, ENV_VAR, EXIT_STATUS, CrashPoint
 from agent.dra.cdi import claim_spec_file_name
 from agent.hardware.simulated.tools import read_timeslices
 from agent.imex.cdi import channel_spec, channels_for
+from agent.imex.cliques import DOMAIN_LABEL, daemon_entries
 from agent.imex.config import DRIVER as CD_DRIVER
 from agent.imex.config import AllocationMode
 from agent.imex.daemon_files import CONFIG_FILE, PID_FILE
-from agent.imex.domains import CONDITION_PREFIX, NodeEntry, node_entries
+from agent.imex.domains import CONDITION_PREFIX, NodeEntry
 from agent.imex.fabric import CHANNEL_DEVICE
 from agent.imex.wiring import SIM_CHANNELS_MAJOR
 from agent.node.cdi import SpecStatus
@@ -67,7 +68,7 @@ from agent.node.durable import is_temporary
 from agent.sharing.mps import daemons_of
 from agent.sim.kubelet import ClaimRef, DraCallError
 from agent.sim.state_cli import read_state
-from tests.integration.compute_domains import TRAY, Cluster, eventually
+from tests.integration.compute_domains import DRIVER_NAMESPACE, TRAY, Cluster, eventually
 from tests.integration.compute_domains import Node as ClusterNode
 from tests.integration.conftest import (
     DRIVER,
@@ -86,7 +87,22 @@ CLAIM_SPECS = claim_spec_file_name(DRIVER, "00000000-0000-0000-0000-000000000000
 )
 MIG_STARTED = "PrepareStarted no-spec intents=mig"
 SHARING_STARTED = "PrepareStarted no-spec intents=sharing"
-Kind = Literal["gpu", "mig", "time-slicing", "mps", "mig-mps", "slices", "slices-static", "channel"]
+Kind = Literal[
+    "gpu",
+    "mig",
+    "time-slicing",
+    "mps",
+    "mig-mps",
+    "share",
+    "mps-share",
+    "slices",
+    "slices-static",
+    "channel",
+]
+#: Kinds prepared as KEP-5075 shares: the agent runs with --consumable-shares (no dynamic MIG:
+#: a partitionable GPU is not shared), and a first share of the GPU is prepared beforehand.
+SHARE_KINDS = ("share", "mps-share")
+SHARES = ("--consumable-shares", "memory")
 Phase = Literal["prepare", "unprepare", "start"]
 
 
@@ -143,6 +159,21 @@ SCENARIOS: tuple[Scenario, ...] = (
         "mig-mps",
         "prepare",
         left="PrepareStarted no-spec intents=mig,sharing",
+    ),
+    Scenario("after-mps-share-limits", "mps-share", "prepare", left=SHARING_STARTED),
+    Scenario(
+        "after-cdi-write",
+        "share",
+        "prepare",
+        what="second-share",
+        left="absent|PrepareStarted spec temporary?",
+    ),
+    Scenario(
+        "unprepare-after-checkpoint",
+        "share",
+        "unprepare",
+        what="second-share",
+        left="absent no-spec",
     ),
     Scenario(
         "write-after-temp",
@@ -276,6 +307,10 @@ def _request(kind: Kind) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         return gpu_request(), TIME_SLICING_LONG
     if kind == "mps":
         return gpu_request(), MPS
+    if kind in SHARE_KINDS:
+        request = gpu_request()
+        request["exactly"]["capacity"] = {"requests": {"memory": "10Gi"}}
+        return request, MPS if kind == "mps-share" else []
     if kind == "mig-mps":
         parameters = {
             "apiVersion": "resource.nvidia.com/v1beta1",
@@ -307,6 +342,7 @@ class Node:
         self.expected_devices: dict[bool, set[str]] = {}  # dynamic MIG? -> published names
         self.claims = 0  # made by the scenarios so far
         self.current: str | None = None  # the UID of the running scenario's claim
+        self.dynamic = True  # how the running agent publishes (a share scenario's: static)
 
     # -- the agent -------------------------------------------------------------------------
 
@@ -315,9 +351,13 @@ class Node:
         if agent is not None and agent.returncode is None:
             assert await agent.stop() == 0, agent.log()
 
-    async def start(self, *, dynamic: bool = True, armed: str | None = None) -> None:
+    async def start(
+        self, *, dynamic: bool = True, armed: str | None = None, shares: bool = False
+    ) -> None:
         env = {ENV_VAR: armed} if armed else None
-        await self.harness.start_agent(env, args=DYNAMIC if dynamic else ())
+        self.dynamic = dynamic and not shares
+        args = (*(DYNAMIC if self.dynamic else ()), *(SHARES if shares else ()))
+        await self.harness.start_agent(env, args=args)
 
     async def crashed(self, scenario: Scenario) -> None:
         """The armed agent died at the scenario's point, nowhere else."""
@@ -448,9 +488,10 @@ class Node:
             assert (uid in running) <= len(daemons) <= (uid in shared), f"{uid}: MPS {daemons}"
 
         try:  # a restart may republish (a changed inventory); it must converge
-            await self.whole_pool(True, timeout=10.0)
+            await self.whole_pool(self.dynamic, timeout=10.0)
         except TimeoutError:
-            raise AssertionError(self._pool_difference(self.expected_devices[True])) from None
+            expected = self.expected_devices[self.dynamic]
+            raise AssertionError(self._pool_difference(expected)) from None
 
 
 TRAY_NODE = "tray-m"
@@ -527,9 +568,13 @@ class Tray:
         return found
 
     def entries(self) -> list[NodeEntry]:
-        """This node's entries in the domain's ``status.nodes`` (at most one is right)."""
-        stored = self.cluster.domain(self.domain["metadata"]["name"])
-        return [e for e in node_entries(stored) if e.name == TRAY_NODE]
+        """This node's entries in the domain's ComputeDomainCliques (at most one is right)."""
+        cliques = self.cluster.server.list_objects(
+            "computedomaincliques",
+            DRIVER_NAMESPACE,
+            label_selector=f"{DOMAIN_LABEL}={self.domain_uid}",
+        )
+        return [e for c in cliques for e in daemon_entries(c) if e.name == TRAY_NODE]
 
     def conditions(self) -> list[dict[str, Any]]:
         stored = self.cluster.domain(self.domain["metadata"]["name"])
@@ -548,7 +593,7 @@ class Tray:
         words = [claim["state"] if claim is not None else "absent"]
         words.append("spec" if uid in self.node.cdi.claim_uids() else "no-spec")
         entries = self.entries()
-        assert len(entries) <= 1, f"{TRAY_NODE} is in status.nodes {len(entries)} times"
+        assert len(entries) <= 1, f"{TRAY_NODE} is in its clique {len(entries)} times"
         words.append("member=" + (entries[0].status if entries else "absent"))
         directory = self.node.domain_dir(self.domain_uid)
         words.append("config" if (directory / CONFIG_FILE).is_file() else "no-config")
@@ -618,11 +663,12 @@ class Tray:
         assert directories <= served, f"directories of domains not served: {directories - served}"
 
         entries = self.entries()
-        assert len(entries) <= 1, f"{TRAY_NODE} is in status.nodes {len(entries)} times"
+        assert len(entries) <= 1, f"{TRAY_NODE} is in its clique {len(entries)} times"
         if in_flight is None:  # after the retry: a member exactly while a claim is prepared
             assert len(entries) == (1 if completed else 0), (entries, completed)
             assert all(e.status == "Ready" for e in entries), entries
-            assert len(self.conditions()) == len(entries), self.conditions()
+            # with cliques a node writes the domain only when its daemon is not ready
+            assert self.conditions() == [], self.conditions()
 
 
 def _text(path: Path) -> str:
@@ -673,34 +719,52 @@ async def node(fresh_harness: AgentHarness) -> AsyncIterator[Node]:
 async def _claim_scenario(node: Node, scenario: Scenario) -> None:
     harness = node.harness
     unprepare = scenario.phase == "unprepare"
-    await node.start(armed=None if unprepare else scenario.armed)
+    shares = scenario.kind in SHARE_KINDS
+    view: set[str] = set()  # the claims the kubelet believes prepared
+    first = None
+    if shares:  # a first share of the GPU, prepared by a clean agent: it must survive
+        await node.start(shares=True)
+        request, config = _request(scenario.kind)
+        first, _ = await harness.allocate(request, name=f"m-{node.claims}-first", config=config)
+        assert (await harness.prepare(first))[first.uid].error == ""
+        view.add(first.uid)
+        await node.stop()
+    await node.start(armed=None if unprepare else scenario.armed, shares=shares)
     request, config = _request(scenario.kind)
     node.claims += 1
     ref, claim = await harness.allocate(request, name=f"m-{node.claims}", config=config)
+    if shares:
+        assert "shareID" in claim["status"]["allocation"]["devices"]["results"][0]
     node.current = ref.uid
-    view: set[str] = set()  # the claims the kubelet believes prepared
     if unprepare:  # prepared by a clean agent: the armed one counts from the unprepare
         assert (await harness.prepare(ref))[ref.uid].error == ""
         view.add(ref.uid)
         await node.check(view)
         await node.stop()
-        await node.start(armed=scenario.armed)
+        await node.start(armed=scenario.armed, shares=shares)
     call = harness.unprepare if unprepare else harness.prepare
     with pytest.raises(DraCallError):
         await call(ref)
     await node.crashed(scenario)
     assert_left(node.left(ref.uid), scenario.left)
-    await node.start()
-    # startup repaired what the crash left
+    await node.start(shares=shares)
+    # startup repaired what the crash left (the first share, if any, is still prepared)
     await node.check(view, in_flight=ref.uid, undone=scenario.phase == "unprepare")
+    if first is not None:
+        assert node.checkpoint()[first.uid].state is ClaimState.PREPARE_COMPLETED
 
     if scenario.phase == "prepare":  # the kubelet's retry, then the pod ends
         await _prepared(node, ref, allocated_devices(claim), view)
-    answer = (await harness.unprepare(ref))[ref.uid]
-    assert answer.error == ""
-    view.discard(ref.uid)
-    await node.check(view)
+    for done in (ref, first):
+        if done is not None:
+            answer = (await harness.unprepare(done))[done.uid]
+            assert answer.error == ""
+            view.discard(done.uid)
+            await node.check(view)
     assert node.checkpoint() == {} and harness.cdi_claim_uids() == set()
+    if shares:  # back to the matrix's agent
+        await node.stop()
+        await node.start()
 
 
 async def _prepared(node: Node, ref: ClaimRef, devices: list[str], view: set[str]) -> None:

@@ -99,10 +99,12 @@ async def sharing(fresh_harness: AgentHarness) -> AgentHarness:
     return fresh_harness
 
 
-async def running(harness: AgentHarness, env: dict[str, str] | None = None) -> AgentHarness:
-    """The module's agent (``--dynamic-mig``), started if it is not running."""
+async def running(
+    harness: AgentHarness, env: dict[str, str] | None = None, *, args: tuple[str, ...] = DYNAMIC
+) -> AgentHarness:
+    """The module's agent (``--dynamic-mig``, or ``args``), started if it is not running."""
     if env is not None or harness.agent is None or harness.agent.returncode is not None:
-        await harness.start_agent(env, args=DYNAMIC)
+        await harness.start_agent(env, args=args)
         with anyio.fail_after(20):  # every GPU's slice, not just the first one written
             while True:
                 devices = {

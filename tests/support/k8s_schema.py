@@ -23,7 +23,7 @@ import yaml
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-SUPPORTED_VERSIONS = ("1.34", "1.35", "1.36")
+SUPPORTED_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
 
 @dataclass(frozen=True)

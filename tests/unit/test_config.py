@@ -281,3 +281,21 @@ def test_the_controller_takes_the_api_timeout_like_run(monkeypatch: pytest.Monke
     argv = ["controller"]
     with pytest.raises(ConfigError, match=r"^GPU_DRA_API_TIMEOUT_SECONDS 'soon' is not a numb"):
         anyio.run(run, build_parser(argv).parse_args(argv))
+
+
+def test_consumable_shares_from_flag_env_and_file(tmp_path: Path) -> None:
+    base = {"node_name": "node-a"}
+    assert load_config(base, {}).consumable_shares == "disabled"
+    assert load_config({**base, "consumable_shares": "Memory"}, {}).consumable_shares == "memory"
+    env = {"GPU_DRA_CONSUMABLE_SHARES": "8"}
+    assert load_config(base, env).consumable_shares == "8"
+    file = tmp_path / "agent.yaml"
+    file.write_text("consumable-shares: unlimited\n")
+    assert load_config(base, {}, file).consumable_shares == "unlimited"
+    assert load_config(base, env, file).consumable_shares == "8"  # env beats the file
+
+
+@pytest.mark.parametrize("value", ["0", "all", "1.5"])
+def test_a_bad_consumable_shares_mode_names_its_source(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"GPU_DRA_CONSUMABLE_SHARES: .* is not a consumable"):
+        load_config({"node_name": "node-a"}, {"GPU_DRA_CONSUMABLE_SHARES": value})

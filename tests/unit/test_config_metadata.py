@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import pytest
 
 from agent.config import ConfigError, load_config
 from agent.run import configure_parser
+from agent.switches import SwitchParser
 
 BASE = {"node_name": "node-a"}
 
@@ -29,7 +29,8 @@ def test_a_bad_value_names_its_source() -> None:
 
 
 def test_the_run_command_has_the_flag() -> None:
-    parser = argparse.ArgumentParser()
+    parser = SwitchParser()
     configure_parser(parser)
-    parsed = parser.parse_args(["--device-metadata", "true"])
-    assert parsed.device_metadata == "true"
+    assert parser.parse_args(["--device-metadata", "true"]).device_metadata is True
+    assert parser.parse_args(["--device-metadata"]).device_metadata is True
+    assert parser.parse_args(["--no-device-metadata"]).device_metadata is False

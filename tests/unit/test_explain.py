@@ -297,3 +297,41 @@ async def test_the_demos_third_4_gpu_claim_on_a_dynamic_mig_host_reads_in_40_lin
         assert code == 1
         names = {line.split()[0] for line in every.splitlines() if line.startswith("  gpu-")}
         assert len(names) == 208
+
+
+def share_claim(tmp_path: Path, memory: str) -> str:
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "capacity": {"requests": {"memory": memory}},
+        },
+    }
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "share", "namespace": "default"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+    path = tmp_path / f"share-{memory}.yaml"
+    path.write_text(yaml.safe_dump(claim))
+    return str(path)
+
+
+@pytest.mark.anyio
+async def test_consumable_shares_on_a_simulated_host(tmp_path: Path) -> None:
+    small = share_claim(tmp_path, "20Gi")
+    args = ("--simulate", "dgx-h100", "--consumable-shares", "memory")
+    code, out, _ = await explain(small, *args)
+    assert code == 0 and "capacity memory: 80Gi left, needs 20Gi" in out
+    code, text, _ = await explain(small, *args, "-o", "json")
+    [result] = json.loads(text)["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": "20Gi"} and len(result["shareID"]) == 36
+    # not shared: no shareID, and more memory than a GPU has fits no device
+    code, text, _ = await explain(small, "--simulate", "dgx-h100", "-o", "json")
+    assert code == 0 and "shareID" not in json.loads(text)["allocation"]["devices"]["results"][0]
+    code, text, _ = await explain(share_claim(tmp_path, "81Gi"), *args, "-o", "json")
+    assert code == 1
+    assert {d["verdict"] for d in json.loads(text)["requests"][0]["devices"]} == {"capacity policy"}
+    code, _, err = await explain(small, "--simulate", "dgx-h100", "--consumable-shares", "all")
+    assert code == 2 and "is not a consumable-shares mode" in err

@@ -15,7 +15,9 @@ from typing import Any
 
 from agent.dra.allocator.claim import Request
 from agent.dra.allocator.node import NodeDevice, NodeState
+from agent.dra.capacity import consumed_amount
 from agent.dra.cel import CelError, split_name
+from agent.dra.quantity import parse_quantity
 
 Obj = dict[str, Any]
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
@@ -64,6 +66,23 @@ class CounterVerdict:
 
 
 @dataclass(frozen=True)
+class CapacityVerdict:
+    """One capacity of the device against the request (KEP-5075). ``consumes`` is what an
+    allocation would take (None: the request breaks the capacity's request policy, or the
+    device lacks a capacity the request names); ``left`` what other claims' shares leave."""
+
+    capacity: str
+    requested: Fraction | None
+    consumes: Fraction | None
+    left: Fraction
+    shared: bool  # the device allows multiple allocations
+
+    @property
+    def fits(self) -> bool:
+        return self.consumes is not None and self.consumes <= self.left
+
+
+@dataclass(frozen=True)
 class DeviceCheck:
     device: NodeDevice
     selectors: tuple[SelectorVerdict, ...]
@@ -71,6 +90,7 @@ class DeviceCheck:
     in_use_by: str | None
     counters: tuple[CounterVerdict, ...]
     admin_access: bool
+    capacities: tuple[CapacityVerdict, ...] = ()
 
     @property
     def selected(self) -> bool:
@@ -93,6 +113,10 @@ class DeviceCheck:
             return "tainted"
         if self.in_use_by is not None and not self.admin_access:
             return "in use"
+        if any(c.consumes is None for c in self.capacities):
+            return "capacity policy"
+        if any(not c.fits for c in self.capacities) and not self.admin_access:
+            return "capacity exhausted"
         if any(c.exhausted for c in self.counters) and not self.admin_access:
             return "counters exhausted"
         return "candidate"
@@ -151,4 +175,44 @@ def check_device(request: Request, device: NodeDevice, state: NodeState) -> Devi
         state.in_use.get(device.id),
         tuple(counters),
         bool(request.admin_access),
+        capacity_verdicts(request, device, state),
     )
+
+
+def capacity_verdicts(
+    request: Request, device: NodeDevice, state: NodeState
+) -> tuple[CapacityVerdict, ...]:
+    """A shared device: every capacity, what the request would consume of it by its policy
+    (``agent.dra.capacity``) and what is left; a device for one claim: the capacities the
+    request names, which the device must have at least of."""
+    asked: dict[str, Fraction] = {}
+    out = []
+    for name, amount in request.capacity:
+        entry = device.capacity(name)
+        key = _entry_name(device, entry) if entry is not None else name
+        asked[key] = amount
+        if entry is None:
+            out.append(CapacityVerdict(name, amount, None, Fraction(0), device.multi))
+    if not device.multi:
+        for name, amount in asked.items():
+            entry = (device.spec.get("capacity") or {}).get(name)
+            if entry is not None:
+                value = parse_quantity(str(entry.get("value", "0")))
+                out.append(
+                    CapacityVerdict(name, amount, amount if amount <= value else None, value, False)
+                )
+        return tuple(out)
+    for name, entry in sorted((device.spec.get("capacity") or {}).items()):
+        value = parse_quantity(str(entry.get("value", "0")))
+        consumes = consumed_amount(asked.get(name), value, entry.get("requestPolicy"))
+        out.append(
+            CapacityVerdict(
+                name, asked.get(name), consumes, state.capacity_left(device, name), True
+            )
+        )
+    return tuple(out)
+
+
+def _entry_name(device: NodeDevice, entry: Obj) -> str:
+    capacities = device.spec.get("capacity") or {}
+    return str(next(k for k, v in capacities.items() if v is entry))

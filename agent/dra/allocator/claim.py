@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from agent.dra.cel import CelError, Selector, compile_selector
-from agent.dra.errors import DraModelError
+from agent.dra.errors import DraModelError, InvalidValueError
+from agent.dra.quantity import parse_quantity
 
 Obj = dict[str, Any]
 MODES = ("ExactCount", "All")
@@ -47,6 +49,8 @@ class Request:
     tolerations: tuple[Obj, ...]
     class_config: tuple[Obj, ...]
     class_problem: str = ""
+    #: KEP-5075 ``capacity.requests``: capacity name (as written) -> amount
+    capacity: tuple[tuple[str, Fraction], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -58,8 +62,16 @@ class ClaimRequest:
 
 @dataclass(frozen=True)
 class Constraint:
+    """``matchAttribute`` (equal values) or, with ``distinct``, ``distinctAttribute``
+    (pairwise different values, KEP-5075); ``match_attribute`` names the attribute."""
+
     requests: tuple[str, ...]  # empty: all requests
     match_attribute: str
+    distinct: bool = False
+
+    @property
+    def kind(self) -> str:
+        return "distinctAttribute" if self.distinct else "matchAttribute"
 
     def applies_to(self, request: Request) -> bool:
         return not self.requests or request.parent in self.requests or request.name in self.requests
@@ -123,10 +135,16 @@ def parse_claim(document: Mapping[str, Any], classes: Mapping[str, Obj]) -> Pars
         requests.append(ClaimRequest(name, alternatives, "firstAvailable" in raw))
     constraints = []
     for index, raw in enumerate(devices.get("constraints") or []):
-        attribute = raw.get("matchAttribute")
+        kinds = [k for k in ("matchAttribute", "distinctAttribute") if raw.get(k) is not None]
+        if len(kinds) != 1:
+            raise ClaimSpecError(
+                f"spec.devices.constraints[{index}]: exactly one of matchAttribute and "
+                "distinctAttribute is required"
+            )
+        attribute = raw.get(kinds[0])
         if not attribute or "/" not in str(attribute):
             raise ClaimSpecError(
-                f"spec.devices.constraints[{index}].matchAttribute: a fully qualified "
+                f"spec.devices.constraints[{index}].{kinds[0]}: a fully qualified "
                 f"attribute name (domain/name) is required, got {attribute!r}"
             )
         targets = tuple(str(r) for r in raw.get("requests") or [])
@@ -135,7 +153,7 @@ def parse_claim(document: Mapping[str, Any], classes: Mapping[str, Obj]) -> Pars
                 raise ClaimSpecError(
                     f"spec.devices.constraints[{index}].requests: no request {request_name!r}"
                 )
-        constraints.append(Constraint(targets, str(attribute)))
+        constraints.append(Constraint(targets, str(attribute), kinds[0] == "distinctAttribute"))
     return ParsedClaim(
         namespace=str(metadata.get("namespace") or "default"),
         name=str(metadata.get("name") or metadata.get("generateName") or "claim"),
@@ -192,6 +210,13 @@ def _request(
         except CelError as err:
             raise ClaimSpecError(f"{path}.selectors[{index}]: {err}") from err
     admin = raw.get("adminAccess")
+    amounts = []
+    asked = (raw.get("capacity") or {}).get("requests") or {}
+    for capacity_name, amount in asked.items():
+        try:
+            amounts.append((str(capacity_name), parse_quantity(str(amount))))
+        except InvalidValueError as err:
+            raise ClaimSpecError(f"{path}.capacity.requests.{capacity_name}: {err}") from err
     return Request(
         name=name,
         parent=parent,
@@ -203,6 +228,7 @@ def _request(
         tolerations=tuple(raw.get("tolerations") or []),
         class_config=class_config,
         class_problem=problem,
+        capacity=tuple(amounts),
     )
 
 

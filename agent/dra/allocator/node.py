@@ -2,7 +2,8 @@
 
 The scheduler gathers the pools whose slices reach a node (``nodeName``, ``allNodes``, a
 ``nodeSelector`` naming it, or per-device node selection), keeps each pool's newest
-generation, and notes which devices other claims already hold and how much of each shared
+generation (pools by driver and name, those with binding conditions last; slices by name: the
+1.36 scheduler's order), and notes which devices other claims already hold and how much of each shared
 counter (KEP-4815 partitionable devices) their devices consume. This module does the same on
 plain JSON objects, so it serves the embedded cluster, ``explain --simulate`` and tests alike.
 """
@@ -47,6 +48,22 @@ class NodeDevice:
     def taints(self) -> list[Obj]:
         return list(self.spec.get("taints") or [])
 
+    @property
+    def multi(self) -> bool:
+        """KEP-5075 ``allowMultipleAllocations``: several allocations share the device."""
+        return self.spec.get("allowMultipleAllocations") is True
+
+    def capacity(self, qualified: str) -> Obj | None:
+        """The ``capacity`` entry named ``qualified`` (unqualified names are the driver's)."""
+        capacities = self.spec.get("capacity") or {}
+        domain, _, short = qualified.rpartition("/")
+        entry = capacities.get(qualified)
+        if entry is None and domain == self.id.driver:
+            entry = capacities.get(short)
+        if entry is None and not domain:
+            entry = capacities.get(f"{self.id.driver}/{short}")
+        return entry if isinstance(entry, dict) else None
+
     def attribute(self, qualified: str) -> Any:
         """The raw value of attribute ``domain/name`` (unqualified names are the driver's)."""
         attributes = self.spec.get("attributes") or {}
@@ -68,6 +85,16 @@ class NodeState:
     counters: dict[CounterKey, Fraction] = field(default_factory=dict)  # totals
     consumed: dict[CounterKey, Fraction] = field(default_factory=dict)  # by other claims
     in_use: dict[DeviceId, str] = field(default_factory=dict)  # device -> "ns/claim"
+    #: KEP-5075: what the shares other claims hold consume, device -> capacity -> amount
+    shared: dict[DeviceId, dict[str, Fraction]] = field(default_factory=dict)
+    #: device -> the claims holding shares of it ("ns/claim")
+    sharers: dict[DeviceId, list[str]] = field(default_factory=dict)
+
+    def capacity_left(self, device: NodeDevice, name: str) -> Fraction:
+        """What is left of capacity ``name`` (as the slice spells it) of a shared device."""
+        entry = (device.spec.get("capacity") or {}).get(name) or {}
+        total = parse_quantity(str(entry.get("value", "0")))
+        return total - self.shared.get(device.id, {}).get(name, Fraction(0))
 
     def available(self, key: CounterKey) -> Fraction | None:
         total = self.counters.get(key)
@@ -126,7 +153,18 @@ def _newest_pools(slices: Iterable[Obj]) -> dict[tuple[str, str], list[Obj]]:
             (i for i in items if int(i["spec"]["pool"].get("generation", 0)) == generation),
             key=lambda i: str(i["metadata"].get("name", "")),
         )
-    return dict(sorted(newest.items()))
+    # 1.36: pools by (driver, name), slices by name; pools whose devices have binding
+    # conditions (KEP-5007) after all others, so that devices ready at once are preferred.
+    ordered = sorted(newest.items(), key=lambda item: (_binds_later(item[1]), item[0]))
+    return dict(ordered)
+
+
+def _binds_later(items: list[Obj]) -> bool:
+    return any(
+        device.get("bindingConditions")
+        for item in items
+        for device in item["spec"].get("devices") or []
+    )
 
 
 def build_node_state(
@@ -229,8 +267,27 @@ def _note_allocations(state: NodeState, claims: Iterable[Obj], exclude_uid: str 
             if result.get("adminAccess"):
                 continue  # admin access does not count as allocated
             device_id = DeviceId(result["driver"], result["pool"], result["device"])
-            state.in_use[device_id] = owner
             device = by_id.get(device_id)
+            if result.get("shareID") is not None:  # a share: the device stays available
+                _note_share(state, device_id, device, result, owner)
+            else:
+                state.in_use[device_id] = owner
             for name, counter, amount in device.consumes if device else ():
                 key = (device_id.driver, device_id.pool, name, counter)
                 state.consumed[key] = state.consumed.get(key, Fraction(0)) + amount
+
+
+def _note_share(
+    state: NodeState, device_id: DeviceId, device: NodeDevice | None, result: Obj, owner: str
+) -> None:
+    """A share another claim holds: its consumedCapacity, by the slice's capacity names."""
+    used = state.shared.setdefault(device_id, {})
+    for name, amount in (result.get("consumedCapacity") or {}).items():
+        entry_name = name
+        if device is not None:
+            capacities = device.spec.get("capacity") or {}
+            entry_name = next(
+                (k for k in capacities if device.capacity(name) is capacities[k]), name
+            )
+        used[entry_name] = used.get(entry_name, Fraction(0)) + parse_quantity(str(amount))
+    state.sharers.setdefault(device_id, []).append(owner)

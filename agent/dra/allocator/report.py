@@ -2,7 +2,9 @@
 
 For each request (each ``firstAvailable`` subrequest), every device of the node with each
 selector's verdict and the values it read, the taints and whether they block, the claim
-holding it, the shared counters it would overdraw, and one overall verdict; then each
+holding it, the shared counters it would overdraw, for a shared device (KEP-5075) what a share
+would consume of each capacity and what the other claims' shares leave, and one overall
+verdict; then each
 ``matchAttribute`` constraint with the candidates grouped by value, and the allocation the
 scheduler would make or the reasons there is none. Values are JSON-ready.
 """
@@ -15,7 +17,7 @@ from typing import Any
 from agent.dra.allocator.checks import DeviceCheck
 from agent.dra.allocator.claim import ParsedClaim, Request
 from agent.dra.allocator.node import NodeState
-from agent.dra.allocator.search import Outcome
+from agent.dra.allocator.search import Outcome, quantity_text
 
 Obj = dict[str, Any]
 
@@ -26,7 +28,7 @@ def _number(value: Any) -> Any:
     return float(value)
 
 
-def _device(check: DeviceCheck, chosen: bool) -> Obj:
+def _device(check: DeviceCheck, chosen: bool, sharers: list[str]) -> Obj:
     out: Obj = {
         "device": check.device.id.device,
         "pool": check.device.id.pool,
@@ -57,12 +59,27 @@ def _device(check: DeviceCheck, chosen: bool) -> Obj:
             }
             for c in check.counters
         ]
+    if check.capacities:  # KEP-5075: what a share would take, what the others leave
+        out["capacity"] = [
+            {
+                "capacity": c.capacity,
+                "requested": None if c.requested is None else quantity_text(c.requested),
+                "consumes": None if c.consumes is None else quantity_text(c.consumes),
+                "remaining": quantity_text(c.left),
+                "fits": c.fits,
+            }
+            for c in check.capacities
+        ]
+    if sharers:
+        out["sharedBy"] = list(sharers)
     if check.device.problem:
         out["problem"] = check.device.problem
     return out
 
 
-def _request(request: Request, checks: list[DeviceCheck], chosen: set[tuple[str, Any]]) -> Obj:
+def _request(
+    request: Request, checks: list[DeviceCheck], chosen: set[tuple[str, Any]], state: NodeState
+) -> Obj:
     out: Obj = {
         "name": request.name,
         "deviceClassName": request.class_name,
@@ -72,7 +89,10 @@ def _request(request: Request, checks: list[DeviceCheck], chosen: set[tuple[str,
             for s in request.selectors
         ],
         "candidates": sum(1 for c in checks if c.usable),
-        "devices": [_device(c, (request.name, c.device.id) in chosen) for c in checks],
+        "devices": [
+            _device(c, (request.name, c.device.id) in chosen, state.sharers.get(c.device.id, []))
+            for c in checks
+        ],
     }
     if request.mode == "ExactCount":
         out["count"] = request.count
@@ -86,7 +106,7 @@ def _request(request: Request, checks: list[DeviceCheck], chosen: set[tuple[str,
 def explain(claim: ParsedClaim, state: NodeState, outcome: Outcome) -> Obj:
     chosen = {(a.request.name, a.device.id) for a in outcome.devices}
     requests = [
-        _request(alternative, outcome.checks[alternative.name], chosen)
+        _request(alternative, outcome.checks[alternative.name], chosen, state)
         for claim_request in claim.requests
         for alternative in claim_request.alternatives
     ]
@@ -106,7 +126,7 @@ def explain(claim: ParsedClaim, state: NodeState, outcome: Outcome) -> Obj:
                             names.append(check.device.id.device)
         constraints.append(
             {
-                "matchAttribute": constraint.match_attribute,
+                constraint.kind: constraint.match_attribute,
                 "requests": list(constraint.requests) or ["(all)"],
                 "groups": [{"value": k, "devices": v} for k, v in groups.items()],
             }

@@ -2,7 +2,8 @@
 
 Results in allocation order (request by request; ``request`` is ``<req>/<sub>`` for a
 ``firstAvailable`` subrequest), ``adminAccess`` copied from the request when it sets it,
-``tolerations`` copied when it has some; then the class configs of each request (source
+``tolerations`` copied when it has some, ``shareID`` and ``consumedCapacity`` for a device
+allowing multiple allocations (KEP-5075); then the class configs of each request (source
 FromClass, ``requests`` naming the request or chosen subrequest), then the claim's configs
 (source FromClaim, their ``requests`` as written); and a node selector naming the node by
 ``metadata.name`` when a device is local to it.
@@ -10,8 +11,10 @@ FromClass, ``requests`` naming the request or chosen subrequest), then the claim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from agent.dra.quantity import format_quantity
 
 if TYPE_CHECKING:
     from agent.dra.allocator.claim import ParsedClaim
@@ -54,9 +57,15 @@ def config_entry(source: str, requests: Sequence[str], configuration: Obj) -> Ob
     return entry
 
 
-def allocation_result(claim: ParsedClaim, chosen: Sequence[Allocated], node_name: str) -> Obj:
-    results = [
-        device_result(
+def allocation_result(
+    claim: ParsedClaim,
+    chosen: Sequence[Allocated],
+    node_name: str,
+    share_id: Callable[[], str] = lambda: "",
+) -> Obj:
+    results = []
+    for a in chosen:
+        result = device_result(
             a.request.name,
             a.device.id.driver,
             a.device.id.pool,
@@ -64,8 +73,13 @@ def allocation_result(claim: ParsedClaim, chosen: Sequence[Allocated], node_name
             a.request.admin_access,
             a.request.tolerations,
         )
-        for a in chosen
-    ]
+        if a.shared and not a.request.admin_access:  # KEP-5075: a share of the device
+            result["shareID"] = share_id()
+            result["consumedCapacity"] = {
+                name: format_quantity(int(amount)) if amount.denominator == 1 else str(amount)
+                for name, amount in a.consumed
+            }
+        results.append(result)
     used = {a.request.parent: a.request for a in chosen}
     configs = [
         config_entry("FromClass", [request.name], config)

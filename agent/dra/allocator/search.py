@@ -12,7 +12,9 @@ constraint equal. A selector that fails on a device fails the allocation, as in 
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -21,6 +23,7 @@ from agent.dra.allocator.checks import DeviceCheck, check_device
 from agent.dra.allocator.claim import ParsedClaim, Request
 from agent.dra.allocator.node import CounterKey, DeviceId, NodeDevice, NodeState
 from agent.dra.allocator.result import allocation_result
+from agent.dra.quantity import format_quantity
 
 Obj = dict[str, Any]
 #: resource.k8s.io/v1 AllocationResultsMaxSize
@@ -33,6 +36,12 @@ MAX_STEPS = 1_000_000
 class Allocated:
     request: Request
     device: NodeDevice
+    #: KEP-5075, a device allowing multiple allocations: what this share consumes
+    consumed: tuple[tuple[str, Fraction], ...] = ()
+
+    @property
+    def shared(self) -> bool:
+        return self.device.multi
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,9 @@ class _Search:
         self.allocating: Counter[DeviceId] = Counter()
         self.used: dict[CounterKey, Fraction] = {}
         self.values: dict[int, tuple[Any, int]] = {}  # constraint -> (value, devices holding it)
+        self.distinct: dict[int, Counter[Any]] = {}  # distinctAttribute -> values taken
+        self.capacity: dict[tuple[DeviceId, str], Fraction] = {}  # shares taken here
+        self.verdicts = {(name, c.device.id): c for name, found in checks.items() for c in found}
         self.steps = 0
 
     def solve(self, index: int) -> bool:
@@ -114,7 +126,7 @@ class _Search:
             raise _Abort(f"gave up after trying {MAX_STEPS} devices")
         if len(self.chosen) >= MAX_RESULTS:
             return False
-        if not request.admin_access and self.allocating[device.id]:
+        if not request.admin_access and not device.multi and self.allocating[device.id]:
             return False
         for number, constraint in enumerate(self.claim.constraints):
             if not constraint.applies_to(request):
@@ -122,26 +134,63 @@ class _Search:
             value = device.attribute(constraint.match_attribute)
             if value is None:
                 return False
-            if number in self.values and self.values[number][0] != value:
+            if constraint.distinct:
+                if self.distinct.get(number, Counter())[value]:
+                    return False
+            elif number in self.values and self.values[number][0] != value:
                 return False
+        consumed = self._consumed(request, device)
+        if consumed is None:
+            return False
         if not request.admin_access:
             for counter_set, counter, amount in device.consumes:
                 key = (device.id.driver, device.id.pool, counter_set, counter)
                 available = self.state.available(key) or Fraction(0)
                 if self.used.get(key, Fraction(0)) + amount > available:
                     return False
-        self._apply(request, device, 1)
-        self.chosen.append(Allocated(request, device))
+        self._apply(request, device, 1, consumed)
+        self.chosen.append(Allocated(request, device, consumed))
         return True
+
+    def _consumed(
+        self, request: Request, device: NodeDevice
+    ) -> tuple[tuple[str, Fraction], ...] | None:
+        """What a share of ``device`` for ``request`` takes (empty for a device of one
+        claim), or None when what is left, after this claim's other shares, is too little."""
+        if not device.multi or request.admin_access:
+            return ()
+        check = self.verdicts[(request.name, device.id)]
+        taken = []
+        for verdict in check.capacities:
+            if verdict.consumes is None:
+                return None
+            used = self.capacity.get((device.id, verdict.capacity), Fraction(0))
+            if used + verdict.consumes > verdict.left:
+                return None
+            taken.append((verdict.capacity, verdict.consumes))
+        return tuple(taken)
 
     def _remove(self) -> None:
         last = self.chosen.pop()
-        self._apply(last.request, last.device, -1)
+        self._apply(last.request, last.device, -1, last.consumed)
 
-    def _apply(self, request: Request, device: NodeDevice, sign: int) -> None:
+    def _apply(
+        self,
+        request: Request,
+        device: NodeDevice,
+        sign: int,
+        consumed: tuple[tuple[str, Fraction], ...],
+    ) -> None:
         self.allocating[device.id] += sign
+        for name, amount in consumed:
+            taken = (device.id, name)
+            self.capacity[taken] = self.capacity.get(taken, Fraction(0)) + sign * amount
         for number, constraint in enumerate(self.claim.constraints):
-            if constraint.applies_to(request):
+            if constraint.applies_to(request) and constraint.distinct:
+                self.distinct.setdefault(number, Counter())[
+                    device.attribute(constraint.match_attribute)
+                ] += sign
+            elif constraint.applies_to(request):
                 value, holders = self.values.get(
                     number, (device.attribute(constraint.match_attribute), 0)
                 )
@@ -155,8 +204,12 @@ class _Search:
                 self.used[key] = self.used.get(key, Fraction(0)) + sign * amount
 
 
-def allocate(claim: ParsedClaim, state: NodeState) -> Outcome:
-    """Allocate ``claim`` on ``state``'s node; never raises for an unsatisfiable claim."""
+def allocate(
+    claim: ParsedClaim, state: NodeState, share_id: Callable[[], str] = lambda: str(uuid.uuid4())
+) -> Outcome:
+    """Allocate ``claim`` on ``state``'s node; never raises for an unsatisfiable claim.
+    ``share_id`` makes the ``shareID`` of each allocation of a shared device (a UUID, as
+    the scheduler's)."""
     checks = {
         request.name: [check_device(request, device, state) for device in state.devices]
         for claim_request in claim.requests
@@ -170,7 +223,8 @@ def allocate(claim: ParsedClaim, state: NodeState) -> Outcome:
     if not found:
         return Outcome(False, None, (), tuple(failure_reasons(claim, checks)), checks)
     chosen = tuple(search.chosen)
-    return Outcome(True, allocation_result(claim, chosen, state.node_name), chosen, (), checks)
+    allocation = allocation_result(claim, chosen, state.node_name, share_id)
+    return Outcome(True, allocation, chosen, (), checks)
 
 
 def failure_reasons(claim: ParsedClaim, checks: dict[str, list[DeviceCheck]]) -> list[str]:
@@ -210,6 +264,7 @@ def _request_reason(claim: ParsedClaim, request: Request, checks: list[DeviceChe
         need = request.count
     applying = [c for c in claim.constraints if c.applies_to(request)]
     best = need
+    applying = [c for c in applying if not c.distinct]
     names = " and ".join(k.match_attribute for k in applying)
     if applying:
         groups = Counter(
@@ -220,6 +275,7 @@ def _request_reason(claim: ParsedClaim, request: Request, checks: list[DeviceChe
         text = f"needs {need} device(s), {len(usable)} available" + (
             f" ({summary})" if summary else ""
         )
+        text += exhausted_capacity(checks)
         return text + (f"; at most {best} of them share {names}" if applying else "")
     if best < need:
         return (
@@ -229,3 +285,22 @@ def _request_reason(claim: ParsedClaim, request: Request, checks: list[DeviceChe
     if any(c.counters for c in usable):
         return f"the {len(usable)} available device(s) together exceed the shared counters"
     return ""
+
+
+def exhausted_capacity(checks: list[DeviceCheck]) -> str:
+    """``; capacity memory of gpu-0: needs 1Gi, 0 left`` for each shared device too full."""
+    parts = []
+    for check in checks:
+        if check.verdict != "capacity exhausted":
+            continue
+        for c in check.capacities:
+            if not c.fits and c.consumes is not None:
+                parts.append(
+                    f"capacity {c.capacity} of {check.device.id.device}: needs "
+                    f"{quantity_text(c.consumes)}, {quantity_text(c.left)} left"
+                )
+    return "".join(f"; {part}" for part in parts)
+
+
+def quantity_text(value: Fraction) -> str:
+    return format_quantity(int(value)) if value.denominator == 1 and value >= 0 else str(value)

@@ -18,7 +18,10 @@ Implemented:
   * background cascading deletion of objects whose ``ownerReferences`` name a deleted object (slices
     owned by a Node go with the Node);
   * fault injection (status codes, ``Retry-After``, latency, dropped connections, ending watches) and
-    a request log.
+    a request log;
+  * an opt-in max-in-flight limit answering 429 with ``Retry-After`` (watches hold no seat), request
+    counts by verb, resource and status, and a restart that keeps the objects (:mod:`.limits`; over
+    HTTP ``GET /debug/embedded/requests``, ``POST /debug/embedded/restart``).
 
 Not implemented: authentication, authorization and RBAC (the token is ignored); admission; OpenAPI
 schema validation and defaulting (only names, ResourceSlice required/immutable fields, kind and

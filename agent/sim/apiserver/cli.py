@@ -47,6 +47,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="interval of watch BOOKMARK events (default 60)",
     )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=0,
+        metavar="N",
+        help="answer 429 with Retry-After beyond N requests handled at once, as kube-apiserver's "
+        "priority and fairness does; watches hold no seat (default 0: no limit)",
+    )
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -54,7 +62,9 @@ async def run(args: argparse.Namespace) -> int:
     host, port = args.listen
     try:
         server = EmbeddedApiServer(
-            kubernetes_version=args.kubernetes_version, bookmark_interval=args.bookmark_interval
+            kubernetes_version=args.kubernetes_version,
+            bookmark_interval=args.bookmark_interval,
+            max_in_flight=args.max_in_flight,
         )
     except ValueError as error:
         print(f"gpu-dra-agent sim apiserver: {error}", file=sys.stderr)

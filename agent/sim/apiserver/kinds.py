@@ -151,6 +151,10 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
         status_subresource=True, custom=True, validators=(validate_metadata,),
     ),
     ResourceKind(
+        "resource.nvidia.com", "v1beta1", "computedomaincliques", "ComputeDomainClique", True,
+        custom=True, validators=(validate_metadata,),
+    ),
+    ResourceKind(
         "resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True,
         validators=(validate_metadata,),
     ),

@@ -24,16 +24,27 @@ from agent.sim.apiserver.errors import CONFLICT_MESSAGE, ApiError, status_body
 from agent.sim.apiserver.faults import FaultInjector, PathPattern, RequestLog, RequestRecord
 from agent.sim.apiserver.handlers import ResourceHandlers
 from agent.sim.apiserver.kinds import DEFAULT_KINDS, KindRegistry, ResourceKind
+from agent.sim.apiserver.limits import (
+    THROTTLED_MESSAGE,
+    InFlightLimit,
+    RequestCounts,
+    resource_of,
+    verb_of,
+)
 from agent.sim.apiserver.selectors import Selector
 from agent.sim.apiserver.store import ObjectStore
 from agent.sim.apiserver.watch import WatchHub, parse_bool
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
+DEBUG_PREFIX = "/debug/embedded/"
+DEBUG_COUNTS = DEBUG_PREFIX + "requests"
+DEBUG_RESTART = DEBUG_PREFIX + "restart"
+DEBUG_OBJECTS = DEBUG_PREFIX + "objects"
 
 _FAULT_MESSAGES = {
     409: CONFLICT_MESSAGE,
-    429: "Too many requests, please try again later.",
+    429: THROTTLED_MESSAGE,
     500: "Internal error occurred: injected fault",
     503: "the server is currently unable to handle the request",
 }
@@ -55,11 +66,19 @@ class EmbeddedApiServer:
         history_size: int = 1000,
         bookmark_interval: float = 60.0,
         token: str = "embedded-apiserver-token",
+        max_in_flight: int = 0,
     ) -> None:
         self.kinds = KindRegistry(kinds)
         self.store = ObjectStore(self.kinds, history_size)
         self.faults = FaultInjector()
         self.requests = RequestLog()
+        #: answered requests by verb, resource and status (``make fleet``'s table)
+        self.counts = RequestCounts()
+        #: opt-in load shedding: 429 with Retry-After beyond ``max_in_flight`` (0: none)
+        self.in_flight = InFlightLimit(max_in_flight)
+        self._plurals = frozenset(k.plural for k in self.kinds)
+        self._listen: tuple[str, int] | None = None
+        self._restarts: set[asyncio.Task[None]] = set()
         self.watches = WatchHub()
         self.token = token
         self._handlers = ResourceHandlers(self.store, self.watches, bookmark_interval)
@@ -86,6 +105,9 @@ class EmbeddedApiServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen on ``host:port`` (0 picks a free port) and return the base URL."""
         app = web.Application(middlewares=[self._middleware], client_max_size=16 * 1024 * 1024)
+        app.router.add_get(DEBUG_COUNTS, self._serve_counts)
+        app.router.add_post(DEBUG_RESTART, self._serve_restart)
+        app.router.add_get(DEBUG_OBJECTS, self._serve_objects)
         self._discovery.add_routes(app.router)
         self._handlers.add_routes(app.router, self.kinds)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -94,6 +116,7 @@ class EmbeddedApiServer:
         await site.start()
         self._runner = runner
         bound = runner.addresses[0]
+        self._listen = (bound[0], bound[1])
         self._url = f"http://{bound[0]}:{bound[1]}"
         log.info("embedded API server listening on %s", self._url)
         return self._url
@@ -104,6 +127,53 @@ class EmbeddedApiServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+
+    async def restart(self, down_seconds: float = 0.5) -> None:
+        """What a kube-apiserver restart looks like to its clients: every watch and
+        connection drops, nothing answers for ``down_seconds``, then the same address serves
+        the same objects (etcd keeps them) with the same resourceVersions."""
+        if self._listen is None:
+            raise RuntimeError("the embedded API server is not started; call start() first")
+        host, port = self._listen
+        await self.stop()
+        await asyncio.sleep(down_seconds)
+        await self.start(host, port)
+
+    async def _serve_counts(self, request: web.Request) -> web.Response:
+        """``GET /debug/embedded/requests``: the request counts and in-flight figures (a
+        fleet run reads them from the server's process; not counted themselves)."""
+        limit = self.in_flight
+        body = {
+            "counts": self.counts.snapshot(),
+            "inFlight": {"limit": limit.limit, "peak": limit.peak, "rejected": limit.rejected},
+            "openWatches": self.watches.count(),
+        }
+        return web.Response(text=json.dumps(body), content_type="application/json")
+
+    async def _serve_objects(self, request: web.Request) -> web.Response:
+        """``GET /debug/embedded/objects?kind=K[&namespace=N][&labelSelector=S]``: the stored
+        objects, for an observer whose own reads must not count as the fleet's requests."""
+        query = request.query
+        try:
+            items = self.list_objects(
+                query.get("kind", ""),
+                query.get("namespace") or None,
+                label_selector=query.get("labelSelector", ""),
+            )
+        except KeyError as error:
+            raise ApiError(400, str(error)) from None
+        return web.Response(text=json.dumps({"items": items}), content_type="application/json")
+
+    async def _serve_restart(self, request: web.Request) -> web.Response:
+        """``POST /debug/embedded/restart?downSeconds=S``: :meth:`restart`, after answering."""
+        try:
+            down = float(request.query.get("downSeconds", "0.5"))
+        except ValueError:
+            raise ApiError(400, "downSeconds must be a number of seconds") from None
+        task = asyncio.get_running_loop().create_task(self.restart(down))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+        return web.Response(text='{"restarting":true}', content_type="application/json")
 
     async def __aenter__(self) -> EmbeddedApiServer:
         if self._runner is None:
@@ -201,10 +271,19 @@ class EmbeddedApiServer:
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(DEBUG_PREFIX):  # an observer's: not counted, never refused
+            try:
+                return await handler(request)
+            except ApiError as error:
+                return _status_response(error.status(), error.code, error.headers)
         watching = parse_bool(request.query.get("watch"))
         plan = self.faults.plan(request.method, request.path, watching)
         status = 0  # stays 0 for a dropped connection
+        seated = watching or self.in_flight.enter()
         try:
+            if not seated:
+                retry = str(self.in_flight.retry_after)
+                raise ApiError(429, THROTTLED_MESSAGE, headers={"Retry-After": retry})
             if plan.delay:
                 await asyncio.sleep(plan.delay)
             if plan.drop:
@@ -239,6 +318,10 @@ class EmbeddedApiServer:
             body = status_body(500, "InternalError", f"Internal error occurred: {error}")
             return _status_response(body, 500, {})
         finally:
+            if seated and not watching:
+                self.in_flight.leave()
+            resource, item = resource_of(request.path, self._plurals)
+            self.counts.add(verb_of(request.method, watching, item), resource, status)
             self.requests.add(
                 RequestRecord(
                     request.method,

@@ -119,7 +119,10 @@ async def test_prepare_is_traced_counted_and_announced(
     assert attach.attributes["imex.clique"] == CLIQUE
     assert attach.attributes["imex.channels"] == 1
     assert attach.attributes["imex.node.index"] == 0
-    for child in ("imex.daemon.configure", "imex.daemon.wait_ready"):
+    join = finished["imex.domain.join"]  # how many tries the join took: one, no conflict
+    assert join.attributes is not None
+    assert (join.attributes["attempts"], join.attributes["conflicts"]) == (1, 0)
+    for child in ("imex.domain.join", "imex.daemon.configure", "imex.daemon.wait_ready"):
         parent = finished[child].parent
         assert parent is not None and parent.span_id == attach.context.span_id
     events = apiserver.list_objects("events", namespace="default")

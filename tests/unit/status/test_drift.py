@@ -142,3 +142,37 @@ async def test_a_spec_the_checkpoint_cannot_build(inventory: Inventory, tmp_path
     )
     [finding] = [f for f in findings if "cannot be built" in f.problem]
     assert "delete the claim's pods" in finding.hint
+
+
+async def test_membership_is_read_from_the_clique_object_then_status_nodes(
+    inventory: Inventory,
+) -> None:
+    """With membership sharded per clique the node's entry is in a ComputeDomainClique; a
+    domain whose ``status.nodes`` the controller has not filled yet still counts it."""
+    from agent.status.drift import member_entry
+
+    domain_uid = "6c1d1f0e-7b9a-4a8e-9a43-5d2f0c1b7e11"
+    domain = {"metadata": {"uid": domain_uid, "name": "cd"}, "status": {"nodes": []}}
+    clique = {
+        "metadata": {
+            "name": f"{domain_uid}.fabric-a.1",
+            "labels": {"resource.nvidia.com/computeDomain": domain_uid},
+        },
+        "daemons": [
+            {"nodeName": "node-b", "index": 0, "status": "Ready"},
+            {"nodeName": NODE, "index": 1, "status": "Ready"},
+        ],
+    }
+    base = snapshot(inventory)
+    in_clique = dataclasses.replace(base, api=ApiView(domains=(domain,), cliques=(clique,)))
+    entry = member_entry(in_clique, domain_uid)
+    assert entry is not None and entry["index"] == 1 and entry["status"] == "Ready"
+    other = {**clique, "daemons": clique["daemons"][:1]}
+    assert (
+        member_entry(dataclasses.replace(base, api=ApiView(cliques=(other,))), domain_uid) is None
+    )
+    listed = copy.deepcopy(domain)
+    listed["status"]["nodes"] = [{"name": NODE, "index": 3, "status": "NotReady"}]
+    entry = member_entry(dataclasses.replace(base, api=ApiView(domains=(listed,))), domain_uid)
+    assert entry is not None and entry["index"] == 3
+    assert member_entry(dataclasses.replace(base, api=None), domain_uid) is None

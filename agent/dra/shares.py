@@ -1,0 +1,116 @@
+"""``--consumable-shares``: GPUs published so that several claims can hold one at once.
+
+KEP-5075 (consumable capacity, beta and on by default in Kubernetes 1.36) lets a device carry
+``allowMultipleAllocations: true``; each allocation then gets a ``shareID`` and consumes part
+of the device's capacities under their request policies (``agent.dra.capacity``). The modes
+are the incumbent's (nvidia-driver-facts.md, ConsumableShares):
+
+- ``disabled`` (the default): every device is allocated to one claim at a time;
+- ``memory``: a share asks for memory (``capacity.requests: {memory: 20Gi}``) in steps of
+  1 MiB; one that names none takes the whole memory (the default), so a plain claim still
+  gets the GPU to itself;
+- ``unlimited``: the same steps, but a share that names no memory takes none (default 0):
+  any number of claims fit;
+- an integer N (1-1024): a ``shares`` capacity of N, each allocation taking 1 by default, and
+  memory as with ``unlimited``.
+
+Every other capacity (a MIG device's multiprocessors, engines and memory slices) gets a
+policy whose default is 0: without one, a share that names nothing would take all of it (the
+API's rule), and a MIG device would hold one share only. Full GPUs and static MIG devices are
+shared; devices that consume counters (``--dynamic-mig``
+placements and their full GPUs) are not, because a share of a MIG instance made on prepare
+would need the instance to outlive its maker. Memory is rounded down to the step, so the
+default and the maximum are multiples of it, as the API server requires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+from typing import Literal
+
+from agent.dra.capacity import RequestPolicy
+from agent.dra.errors import InvalidValueError
+from agent.dra.model import DraDevice
+from agent.dra.quantity import parse_quantity
+
+MEMORY = "memory"
+SHARES = "shares"
+MEMORY_STEP = 2**20  # 1 MiB
+MAX_SHARES = 1024
+MODES = ("disabled", "memory", "unlimited", "<N>")
+
+
+@dataclass(frozen=True, slots=True)
+class SharesMode:
+    """A parsed ``--consumable-shares`` value (``shares`` only for an integer N)."""
+
+    kind: Literal["disabled", "memory", "unlimited", "count"]
+    shares: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "disabled"
+
+    def __str__(self) -> str:
+        return str(self.shares) if self.kind == "count" else self.kind
+
+
+DISABLED = SharesMode("disabled")
+
+
+def parse_mode(text: str) -> SharesMode:
+    """``disabled``, ``memory``, ``unlimited`` or an integer 1-1024; else InvalidValueError."""
+    value = text.strip().lower()
+    if value in ("disabled", "memory", "unlimited"):
+        return SharesMode(value)  # type: ignore[arg-type]
+    if value.isdecimal() and 1 <= int(value) <= MAX_SHARES:
+        return SharesMode("count", int(value))
+    raise InvalidValueError(
+        f"{text!r} is not a consumable-shares mode: use disabled, memory, unlimited or a "
+        f"number of shares from 1 to {MAX_SHARES}"
+    )
+
+
+def shareable(device: DraDevice) -> bool:
+    """Whether ``--consumable-shares`` applies to the device (module docstring)."""
+    return not device.consumes_counters and MEMORY in device.capacity
+
+
+def share_device(device: DraDevice, mode: SharesMode) -> DraDevice:
+    """``device`` as ``mode`` publishes it (unchanged when disabled or not shareable)."""
+    if not mode.enabled or not shareable(device):
+        return device
+    memory = int(parse_quantity(str(device.capacity[MEMORY])))
+    top = memory - memory % MEMORY_STEP
+    if top < MEMORY_STEP:
+        return device  # less than one step of memory: nothing to share
+    capacity = dict(device.capacity)
+    capacity[MEMORY] = memory
+    if mode.kind == "memory":
+        policies = {MEMORY: RequestPolicy(top, MEMORY_STEP, top, MEMORY_STEP)}
+    else:
+        policies = {MEMORY: RequestPolicy(0, 0, top, MEMORY_STEP)}
+    if mode.kind == "count":
+        capacity[SHARES] = mode.shares
+        policies[SHARES] = RequestPolicy(1, 1, mode.shares, 1)
+    for name, value in capacity.items():  # a MIG device's engines: none unless asked for
+        if name not in policies:
+            amount = int(parse_quantity(str(value)))
+            policies[name] = RequestPolicy(0, 0, amount, 1)
+    return replace(
+        device, capacity=capacity, allow_multiple_allocations=True, request_policies=policies
+    )
+
+
+def share_devices(devices: tuple[DraDevice, ...], mode: SharesMode) -> tuple[DraDevice, ...]:
+    return tuple(share_device(device, mode) for device in devices)
+
+
+def consumed_memory(consumed: dict[str, str] | tuple[tuple[str, str], ...]) -> int | None:
+    """The bytes of ``memory`` in an allocation's ``consumedCapacity`` (None: not there)."""
+    items = dict(consumed)
+    value = items.get(MEMORY)
+    if value is None:
+        return None
+    return int(Fraction(parse_quantity(value)))

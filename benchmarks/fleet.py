@@ -1,0 +1,204 @@
+"""``make fleet``: ComputeDomains across NVL72 racks, a fleet of agents against one API server.
+
+``python -m benchmarks.fleet --nodes 72 --cliques 4`` (``make fleet NODES=72 CLIQUES=4``)
+starts the fleet of :mod:`benchmarks.fleet_cluster` (the API server with its max-in-flight
+limit on, the controller, one agent process per simulated GB200 tray, ``--nodes /
+--cliques`` trays per rack) and runs the scenarios, one row each of the printed table:
+
+1. formation: a ComputeDomain (``numNodes`` = N) and one channel claim per node, allocated by
+   the embedded allocator; all N prepares issued at once (a failed one is retried every 0.5 s,
+   as the kubelet retries): first prepare to last answer, p50/max per node, to ``Ready``; the
+   API requests of the formation by verb and code (409s, 429s);
+2. steady state for ``--steady-seconds`` (60): requests per node per minute of the agents
+   (everything but the controller's Lease and resync lists, shown apart);
+3. the API server restarted (every watch and connection drops, 1 s down): until every watch
+   is open again and the controller has listed again; the storm's requests per node;
+4. the domain deleted with its pods (the kubelet unprepares every claim): until every daemon
+   stopped and every clique and the domain are gone (goal 10 s);
+5. a second formation with one agent killed (SIGKILL) once it joined, then restarted: the
+   domain converges, the node keeps its index, one daemon per node; then deleted as in 4.
+
+Totals: the agents' RSS (sum, sampled each second: the peak), the API server's CPU seconds.
+Exit 0 only when every goal holds. The raw numbers go to ``<workdir>/fleet.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import anyio
+
+from agent.imex.cliques import MAX_DAEMONS
+from benchmarks.fleet_cluster import (
+    Fleet,
+    FleetNode,
+    counts_delta,
+    cpu_seconds,
+    describe_counts,
+    dump,
+    imex_daemons,
+    rss_mb,
+)
+from benchmarks.fleet_goals import Row, goals_for, render
+from benchmarks.fleet_scenarios import delete_domain, form
+
+#: the controller's requests: its Lease, and each resync's lists and template reads
+CONTROLLER_ROWS = {("get", "leases"), ("update", "leases"), ("list", "computedomains"),
+                   ("list", "computedomaincliques"), ("get", "resourceclaimtemplates")}  # fmt: skip
+
+
+def split_controller(
+    delta: dict[tuple[str, str, int], int],
+) -> tuple[int, int]:
+    """(the agents' requests, the controller's: its Lease renewals and resync lists)."""
+    controller = sum(
+        n for (verb, resource, _), n in delta.items() if (verb, resource) in CONTROLLER_ROWS
+    )
+    return sum(delta.values()) - controller, controller
+
+
+async def scenario_steady(fleet: Fleet, seconds: float) -> tuple[float, float, str]:
+    before = await fleet.counts()
+    await anyio.sleep(seconds)
+    delta = counts_delta(await fleet.counts(), before)
+    agents, controller = split_controller(delta)
+    minutes = seconds / 60
+    return agents / fleet.nodes_count / minutes, controller / minutes, describe_counts(delta)
+
+
+async def scenario_restart(fleet: Fleet) -> tuple[float, float, str]:
+    watches = await fleet.open_watches()
+    before = await fleet.counts()
+    started = time.monotonic()
+    await fleet.restart_server(1.0)
+    await anyio.sleep(0.2)
+    lists_before = before.get(("list", "computedomains", 200), 0)
+    with anyio.fail_after(120):
+        while True:
+            try:
+                counts = await fleet.counts()
+                if (
+                    await fleet.open_watches() >= watches
+                    and counts.get(("list", "computedomains", 200), 0) > lists_before
+                ):
+                    break
+            except OSError:
+                pass  # the server is down
+            await anyio.sleep(0.1)
+    took = time.monotonic() - started
+    delta = counts_delta(await fleet.counts(), before)
+    return took, sum(delta.values()) / fleet.nodes_count, describe_counts(delta)
+
+
+async def sample_rss(fleet: Fleet, peaks: dict[str, float]) -> None:
+    while True:
+        agents = sum(rss_mb(n.process.pid) for n in fleet.nodes if n.process is not None)
+        daemons = sum(rss_mb(pid) for pid in imex_daemons(fleet.workdir))
+        peaks["agents"] = max(peaks.get("agents", 0.0), agents)
+        peaks["daemons"] = max(peaks.get("daemons", 0.0), daemons)
+        await anyio.sleep(1.0)
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> int:
+    fleet = Fleet(workdir, args.nodes, args.cliques, args.max_in_flight)
+    rows: list[Row] = []
+    report: dict[str, object] = {"nodes": args.nodes, "cliques": args.cliques}
+    peaks: dict[str, float] = {}
+    async with AsyncExitStack() as stack:
+        await fleet.start(stack)
+        began = time.monotonic()
+        limiter = anyio.CapacityLimiter(args.start_concurrency)
+
+        async def start(node: FleetNode) -> None:
+            async with limiter:
+                await fleet.start_agent(node)
+
+        async with anyio.create_task_group() as group:
+            for node in fleet.nodes:
+                group.start_soon(start, node)
+        print(
+            f"{args.nodes} agents registered in {time.monotonic() - began:.1f} s", file=sys.stderr
+        )
+        async with anyio.create_task_group() as sampler:
+            sampler.start_soon(sample_rss, fleet, peaks)
+            first = await form(fleet, "fleet-a")
+            rows += first.rows(args.nodes)
+            report["formation"] = first.as_json()
+            print("formation requests:\n" + first.requests, file=sys.stderr)
+            per_node, controller, text = await scenario_steady(fleet, args.steady_seconds)
+            rows.append(Row("steady: agents' requests per node per minute", per_node, "req/min"))
+            rows.append(
+                Row("steady: controller requests per minute (Lease, resync)", controller, "req/min")
+            )
+            print("steady-state requests:\n" + text, file=sys.stderr)
+            took, storm, text = await scenario_restart(fleet)
+            rows.append(Row("API server restart: every agent re-listed and re-watched", took, "s"))
+            rows.append(Row("API server restart: requests of the storm per node", storm, "req"))
+            print("restart requests:\n" + text, file=sys.stderr)
+            took = await delete_domain(fleet, first)
+            rows.append(Row("domain deleted: daemons stopped, cliques gone", took, "s"))
+            second = await form(fleet, "fleet-b", kill=fleet.nodes[min(1, args.nodes - 1)])
+            rows += second.kill_rows()
+            report["kill"] = second.as_json()
+            took = await delete_domain(fleet, second)
+            rows.append(Row("after the kill: domain deleted, cleaned up", took, "s"))
+            sampler.cancel_scope.cancel()
+        assert fleet.server is not None
+        rows.append(Row("total: agents' RSS, peak sum", peaks.get("agents", 0.0), "MB"))
+        rows.append(Row("total: IMEX daemons' RSS, peak sum", peaks.get("daemons", 0.0), "MB"))
+        rows.append(Row("total: API server CPU", cpu_seconds(fleet.server.pid), "s"))
+    goals = goals_for(args.nodes, args.cliques)
+    text, failed = render(rows, goals, f"Fleet: {args.nodes} nodes in {args.cliques} clique(s)")
+    print(text)
+    report["rows"] = [r.__dict__ for r in rows]
+    dump(workdir / "fleet.json", report)
+    for line in failed:
+        print(f"GOAL MISSED: {line}")
+    return 1 if failed else 0
+
+
+def leaves(error: BaseException) -> list[BaseException]:
+    """The exceptions inside nested exception groups (a task group's failure)."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaves(inner)]
+    return [error]
+
+
+def run_reporting(args: argparse.Namespace, workdir: Path) -> int:
+    try:
+        return anyio.run(run, args, workdir)
+    except BaseExceptionGroup as group:
+        for leaf in leaves(group):
+            traceback.print_exception(leaf)
+        return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.fleet", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--nodes", type=int, default=18, help="agents, one per tray (18)")
+    parser.add_argument("--cliques", type=int, default=1, help="racks the trays fill (1)")
+    parser.add_argument("--steady-seconds", type=float, default=60.0, help="steady state (60)")
+    parser.add_argument("--max-in-flight", type=int, default=16,
+                        help="the API server's seats; 429 with Retry-After beyond (16)")  # fmt: skip
+    parser.add_argument("--start-concurrency", type=int, default=4,
+                        help="agents starting at once (4)")  # fmt: skip
+    parser.add_argument("--workdir", type=Path, default=None, help="kept after the run")
+    args = parser.parse_args(argv)
+    if args.nodes < 2 or args.cliques < 1 or -(-args.nodes // args.cliques) > MAX_DAEMONS:
+        parser.error(f"--nodes / --cliques: at least 2 nodes, at most {MAX_DAEMONS} per clique")
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        return run_reporting(args, args.workdir)
+    with tempfile.TemporaryDirectory(prefix="fleet-", dir="/tmp") as folder:
+        return run_reporting(args, Path(folder))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
