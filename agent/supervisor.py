@@ -3,12 +3,14 @@
 Start-up runs in a fixed order, because each step needs the one before and the kubelet must
 never see a socket whose engine cannot answer: discover the GPUs (simulated or real), start the
 prepare engine (it reloads and reconciles the checkpoint), start the health monitor (NVML events
-are watched from here on), and open the DRA socket and, after it, the registration socket. Only
-then is the API side made (:mod:`agent.api_side`: the HTTP stack is loaded, the client made, the
+are watched from here on), and open the DRA socket and, after it, the registration socket;
+then, where this node serves ComputeDomains, the second driver's sockets
+(:mod:`agent.imex.sockets`: its engine needs the API client, so a call waits for the engine
+within a bound). Only then is the API side made (:mod:`agent.api_side`: the HTTP stack is loaded, the client made, the
 Node's uid and the server's version read) while the kubelet registers the plugin; until the
 client exists, a prepare's claim read waits for it (within the read's timeout), an Event waits
 in a queue and the health monitor's taints wait for the slice publisher
-(:mod:`agent.kube.deferred`). The slice publisher and the second driver follow. They, the
+(:mod:`agent.kube.deferred`). The slice publisher and the second driver's engine follow. They, the
 health monitor and the kubelet plugin then run as children of the task group until SIGTERM or
 SIGINT, with, in simulate mode, the fault-injection control socket.
 
@@ -300,6 +302,13 @@ class Supervisor:
         )
         # returns once both sockets exist; a failure to open them is a start-up error
         await self._start_child(group, "kubelet plugin", plugin.run)
+        # the second driver's sockets too (compute-domain.nvidia.com, agent/imex;
+        # --compute-domains): its engine comes once the API client exists
+        from agent.imex.sockets import open_sockets
+
+        channels = await open_sockets(
+            config, inventory, lambda name, run: self._start_child(group, name, run)
+        )
 
         # the kubelet registers the plugin meanwhile; a prepare waits for the claim reader
         api = await connect_api(config, stack, pending_reader)
@@ -327,19 +336,18 @@ class Supervisor:
             health.monitor.set_unmonitored_effect(api.health_policy.unmonitored_effect)
         slices.attach(publisher)  # the health monitor's latest devices, if it set any
         self._child(group, "slice publisher", publisher.run)
-        # the second driver, compute-domain.nvidia.com (agent/imex; --compute-domains)
-        from agent.imex.wiring import serve_compute_domains
+        if channels is not None:
+            from agent.imex.wiring import serve_compute_domains
 
-        await serve_compute_domains(
-            config,
-            inventory,
-            api.client,
-            api.claim_reader,
-            api.node_uid,
-            stack,
-            lambda name, run: self._child(group, name, run),
-            lambda name, run: self._start_child(group, name, run),
-        )
+            await serve_compute_domains(
+                config,
+                api.client,
+                api.claim_reader,
+                api.node_uid,
+                channels,
+                lambda name, run: self._child(group, name, run),
+                lambda name, run: self._start_child(group, name, run),
+            )
         self._child(
             group,
             "readiness notice",

@@ -28,7 +28,7 @@ import yaml
 from anyio.abc import Process
 
 from agent.imex.config import DRIVER as CD_DRIVER
-from agent.sim.allocation import ApiAccess, create_and_allocate_claim
+from agent.sim.allocation import ApiAccess, create_and_allocate_claim, published_pool
 from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 from agent.sim.racks import rack_profile, tray_address
@@ -239,6 +239,10 @@ class Fleet:
             group.start_soon(exited)
             await node.kubelet.wait_event(
                 EventKind.REGISTERED, CD_DRIVER, count=registered + 1, timeout=300
+            )
+            # it registers before its channel slice is written; allocation needs the slice
+            await published_pool(
+                ApiAccess(self.url, "embedded-apiserver-token"), node.name, CD_DRIVER, timeout_s=300
             )
             group.cancel_scope.cancel()
 

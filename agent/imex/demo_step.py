@@ -46,7 +46,7 @@ class StepFailed(AgentError):
 async def compute_domain_step(
     server: Any, workdir: Path, environ: dict[str, str], say: Callable[[str], None]
 ) -> None:
-    from agent.sim.allocation import ApiAccess, create_and_allocate_claim
+    from agent.sim.allocation import ApiAccess, create_and_allocate_claim, published_pool
     from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 
     say(f"11. ComputeDomain over IMEX: agents on two simulated {PROFILE} trays and the controller")
@@ -107,6 +107,10 @@ async def compute_domain_step(
                     await kubelet.wait_event(EventKind.REGISTERED, DRIVER, timeout=60)
                 except TimeoutError:
                     raise StepFailed(f"{tray} did not register {DRIVER}") from None
+                try:  # it registers first, then writes its slice
+                    await published_pool(access, tray, DRIVER, timeout_s=60)
+                except TimeoutError:
+                    raise StepFailed(f"{tray} published no slice of {DRIVER}") from None
             say(f"    both trays registered {DRIVER} and publish channel-0 of their clique")
             domain = server.put_object(DOMAIN)
             uid = domain["metadata"]["uid"]

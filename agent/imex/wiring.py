@@ -1,12 +1,13 @@
 """Wiring the second driver, ``compute-domain.nvidia.com``, into the agent's process.
 
-The supervisor calls :func:`serve_compute_domains` after the GPU driver is up. It decides
-whether to serve at all (``--compute-domains``: ``auto`` only where the GPUs share a usable
-fabric clique, ``on`` always, ``off`` never; the reason is logged either way), finds the
-node's IMEX address, installs the simulated IMEX tools in simulate mode, and starts the
-driver's own parts as children of the supervisor's task group: the slice publisher (``channel-0``
-or, without a clique, no device), the channel engine with its IMEX daemon, and the kubelet
-plugin with its own DRA and registration sockets.
+Before the API side, :func:`agent.imex.sockets.open_sockets` decides whether to serve at all
+(``--compute-domains``: ``auto`` only where the GPUs share a usable fabric clique, ``on``
+always, ``off`` never; the reason is logged either way) and opens the driver's kubelet
+sockets. Once the API client exists the supervisor calls :func:`serve_compute_domains`: it
+finds the node's IMEX address, installs the simulated IMEX tools in simulate mode, starts the
+driver's own parts as children of the supervisor's task group (the channel engine with its
+IMEX daemon, the slice publisher: ``channel-0`` or, without a clique, no device) and hands the
+engine to the sockets' stand-in.
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ import hashlib
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from agent.config import AgentConfig
-from agent.hardware.inventory import Inventory
 from agent.imex import metrics
 from agent.imex.clique_watch import CliqueWatch
 from agent.imex.cliques import CliqueApi
@@ -30,8 +29,9 @@ from agent.imex.config import DRIVER
 from agent.imex.daemon import ImexDaemon
 from agent.imex.domains import DomainApi
 from agent.imex.engine import ChannelEngine
-from agent.imex.fabric import Clique, channel_devices, node_clique
+from agent.imex.fabric import Clique, channel_devices
 from agent.imex.membership import CliqueMembership, Membership, StatusMembership
+from agent.imex.sockets import DeferredChannelPreparer
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +43,18 @@ StartChild = Callable[[str, Callable[..., Any]], Awaitable[None]]
 
 async def serve_compute_domains(
     config: AgentConfig,
-    inventory: Inventory,
     api_client: Any,
     claim_reader: Any,
     node_uid: str | None,
-    stack: AsyncExitStack,
+    preparer: DeferredChannelPreparer,
     child: Child,
     start_child: StartChild,
-) -> ChannelEngine | None:
-    """Start the driver if ``--compute-domains`` says so; returns its engine (or None)."""
+) -> ChannelEngine:
+    """Start the driver whose sockets :func:`agent.imex.sockets.open_sockets` opened; returns
+    its engine, which ``preparer`` now answers the kubelet with."""
     from agent.kube.publisher import SlicePublisher
-    from agent.kubelet.plugin import KubeletPlugin
 
-    clique = node_clique(inventory)
-    if config.compute_domains == "off":
-        log.info("ComputeDomains are off (--compute-domains=off)")
-        return None
-    if clique.clique is None and config.compute_domains == "auto":
-        log.info(
-            "not serving %s: %s (--compute-domains=on serves it without a channel)",
-            DRIVER,
-            clique.reason,
-        )
-        return None
+    clique = preparer.clique
     plugin_dir = config.plugins_dir / DRIVER
     node_ip = config.node_ip or await _node_address(
         api_client, config.node_name, min(5.0, config.api_timeout_s)
@@ -112,7 +101,11 @@ async def serve_compute_domains(
         membership=membership,
         ready_timeout_s=config.imex_ready_timeout_s,
     )
-    await engine.start()
+    try:
+        await engine.start()
+    except Exception as error:
+        preparer.fail(f"the {DRIVER} engine did not start: {error}")
+        raise  # a start-up error: the supervisor stops the process
     await start_child("channel engine", engine.run)
     publisher = SlicePublisher(
         api_client,
@@ -123,14 +116,8 @@ async def serve_compute_domains(
     )
     publisher.set_devices(channel_devices(clique.clique))
     child("channel slice publisher", publisher.run)
-    dra_socket, registration_socket = config.sockets_of(DRIVER)
-    plugin = KubeletPlugin(
-        driver_name=DRIVER,
-        dra_socket=dra_socket,
-        registration_socket=registration_socket,
-        engine=engine,
-    )
-    await start_child("compute-domain kubelet plugin", plugin.run)
+    preparer.attach(engine)
+    dra_socket, _ = config.sockets_of(DRIVER)
     log.info(
         "ready",
         extra={"driver": DRIVER, "dra_socket": str(dra_socket), "clique": clique.clique or ""},

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anyio
 
 from agent.dra.allocator import Outcome, allocate, build_node_state, parse_claim
 from agent.dra.allocator.node import node_selector_matches
@@ -122,6 +123,28 @@ def whole_pool(slices: Sequence[Mapping[str, Any]]) -> bool:
         (s["spec"]["pool"]["generation"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices
     }
     return len(pools) == 1 and len(slices) == next(iter(pools))[1]
+
+
+async def published_pool(
+    access: ApiAccess, node_name: str, driver: str, *, timeout_s: float = 30.0
+) -> list[Obj]:
+    """Wait until the API server holds a whole pool of ``driver`` for ``node_name`` and return
+    its slices. A plugin registers with the kubelet before its slices are written, so
+    harnesses that allocate right after a start wait here, as the scheduler waits for the
+    slices; raises ``TimeoutError``."""
+    path = f"{RESOURCE}/resourceslices?fieldSelector=spec.nodeName%3D{node_name}"
+    with anyio.fail_after(timeout_s):
+        async with access.session() as session:
+            while True:
+                listed = await _request(session, "GET", path)
+                found = [
+                    s
+                    for s in listed.get("items") or []
+                    if (s.get("spec") or {}).get("driver") == driver
+                ]
+                if found and whole_pool(found):
+                    return found
+                await anyio.sleep(0.05)
 
 
 async def _node_labels(session: aiohttp.ClientSession, node_name: str) -> Mapping[str, str]:

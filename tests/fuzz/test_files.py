@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -474,7 +475,13 @@ async def test_the_agent_restarts_over_planted_files(
     data = harness.checkpoint_path.read_bytes()
     harness.checkpoint_path.write_bytes(data[: len(data) // 2])
     agent = await harness.start_agent()
-    events = harness.server.list_objects("events")
+    # the Event is posted once the API client exists, after the kubelet's sockets opened
+    with anyio.move_on_after(10):
+        while True:
+            events = harness.server.list_objects("events")
+            if any(e.get("reason") == "CheckpointCorrupted" for e in events):
+                break
+            await anyio.sleep(0.05)
     assert any(e.get("reason") == "CheckpointCorrupted" for e in events), events
     third, _ = await harness.allocate(gpu_request(), name="planted-third")
     assert (await harness.prepare(third))[third.uid].error == ""

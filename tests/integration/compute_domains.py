@@ -21,7 +21,12 @@ from anyio.abc import Process
 from agent.imex.config import DRIVER as CD_DRIVER
 from agent.imex.daemon_files import CONFIG_FILE
 from agent.node.cdi import CdiSpecDirectory
-from agent.sim.allocation import ApiAccess, create_and_allocate_claim, delete_claim
+from agent.sim.allocation import (
+    ApiAccess,
+    create_and_allocate_claim,
+    delete_claim,
+    published_pool,
+)
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, create_allocated_claim
 from agent.sim.deviceclasses import default_device_classes
@@ -112,7 +117,8 @@ class Cluster:
         args: Sequence[str] = (),
     ) -> None:
         """Start ``node``'s agent (``args`` added to its command line); by default wait until
-        its kubelet emulator has registered the ComputeDomain driver."""
+        its kubelet emulator has registered the ComputeDomain driver and its channel slice is
+        in the API server."""
         node.starts += 1
         registered = len(node.kubelet.events(EventKind.REGISTERED, CD_DRIVER))
         command = [
@@ -137,6 +143,10 @@ class Cluster:
                 )
             except TimeoutError:
                 raise AssertionError(f"{node.name} did not register:\n{node.log()}") from None
+            try:  # registered before its slice is written: the channel's slice too
+                await published_pool(self.api, node.name, CD_DRIVER, timeout_s=START_TIMEOUT)
+            except TimeoutError:
+                raise AssertionError(f"{node.name} published no channel:\n{node.log()}") from None
 
     async def stop(self, node: Node, signal_number: signal.Signals = signal.SIGTERM) -> int:
         process = node.process

@@ -1,0 +1,62 @@
+"""The compute-domain driver's sockets open before its engine exists
+(``agent.imex.sockets``): a call in between waits for the engine, within a bound, and is the
+engine's once it is attached; a bound passed or an engine that never comes fails the call with
+a retryable error, not a hang."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import anyio
+import pytest
+
+from agent.imex.fabric import Clique
+from agent.imex.sockets import DeferredChannelPreparer, EngineNotReady
+from agent.node.types import ClaimPrepareResult, ClaimRef
+
+pytestmark = pytest.mark.anyio
+CLAIM = ClaimRef("default", "6a4c2b1e-0d9f-4e8a-b7c3-1f2e3d4c5b6a", "channel")
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimPrepareResult]:
+        self.calls.append(("prepare", tuple(c.uid for c in claims)))
+        return {c.uid: ClaimPrepareResult() for c in claims}
+
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
+        self.calls.append(("unprepare", tuple(c.uid for c in claims)))
+        return dict.fromkeys((c.uid for c in claims), None)
+
+
+async def test_a_call_before_the_engine_waits_for_it() -> None:
+    preparer = DeferredChannelPreparer(Clique("fabric.1"), timeout_s=5)
+    engine = Engine()
+    answers: list[Mapping[str, ClaimPrepareResult]] = []
+
+    async def prepare() -> None:
+        answers.append(await preparer.prepare([CLAIM]))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(prepare)
+        await anyio.sleep(0.05)
+        assert answers == [] and engine.calls == []  # still waiting
+        preparer.attach(engine)
+    assert answers == [{CLAIM.uid: ClaimPrepareResult()}]
+    assert await preparer.unprepare([CLAIM]) == {CLAIM.uid: None}
+    assert engine.calls == [("prepare", (CLAIM.uid,)), ("unprepare", (CLAIM.uid,))]
+
+
+async def test_no_engine_within_the_bound_is_a_retryable_error() -> None:
+    preparer = DeferredChannelPreparer(Clique("fabric.1"), timeout_s=0.05)
+    with pytest.raises(EngineNotReady, match=r"still starting .*retry"):
+        await preparer.prepare([CLAIM])
+
+
+async def test_an_engine_that_never_comes_fails_every_call() -> None:
+    preparer = DeferredChannelPreparer(Clique(None, "no clique"), timeout_s=5)
+    preparer.fail("the API server refused the agent")
+    with pytest.raises(EngineNotReady, match="the API server refused the agent"):
+        await preparer.unprepare([CLAIM])
