@@ -18,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agent.config_values import ConfigError as ConfigError  # raised by load_config
 from agent.config_values import (
     Value,
@@ -187,11 +185,13 @@ class AgentConfig:
 
 def read_config_file(path: Path) -> dict[str, str]:
     """The settings in a YAML config file, keyed like the flags (``node-name``)."""
+    from agent import yamlload  # only with a config file
+
     try:
-        document = yaml.safe_load(path.read_text())
+        document = yamlload.safe_load(path.read_text())
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror or err}") from err
-    except yaml.YAMLError as err:
+    except yamlload.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {err}") from err
     if document is None:
         return {}

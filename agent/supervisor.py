@@ -1,18 +1,20 @@
 """The supervisor: wires the agent's parts together under one anyio task group.
 
-Start-up runs in a fixed order, because each step needs the one before and the kubelet must
-never see a socket whose engine cannot answer: discover the GPUs (simulated or real), start the
-prepare engine (it reloads and reconciles the checkpoint), start the health monitor (NVML events
-are watched from here on), and open the DRA socket and, after it, the registration socket;
-then, where this node serves ComputeDomains, the second driver's sockets
-(:mod:`agent.imex.sockets`: its engine needs the API client, so a call waits for the engine
-within a bound). Only then is the API side made (:mod:`agent.api_side`: the HTTP stack is loaded, the client made, the
-Node's uid and the server's version read) while the kubelet registers the plugin; until the
-client exists, a prepare's claim read waits for it (within the read's timeout), an Event waits
-in a queue and the health monitor's taints wait for the slice publisher
-(:mod:`agent.kube.deferred`). The slice publisher and the second driver's engine follow. They, the
-health monitor and the kubelet plugin then run as children of the task group until SIGTERM or
-SIGINT, with, in simulate mode, the fault-injection control socket.
+Start-up runs in a fixed order. The kubelet's two sockets open first (the DRA socket, then the
+registration socket): the kubelet's first call, GetInfo, needs only the driver's name and
+versions, and the DRA service answers with a stand-in for the prepare engine
+(:mod:`agent.kubelet.deferred`: a prepare waits for the engine, within a bound) and a health
+stream that sends nothing until the monitor has looked (:mod:`agent.health.front`). Then the
+GPUs are discovered (simulated or real), the prepare engine starts (it reloads and reconciles
+the checkpoint) and is handed to the waiting service, and the health monitor starts (NVML
+events are watched from here on); where this node serves ComputeDomains, the second driver's
+sockets open (:mod:`agent.imex.sockets`). Only then is the API side made
+(:mod:`agent.api_side`: the HTTP stack is loaded, the client made, the Node's uid and the
+server's version read); until the client exists, a prepare's claim read waits for it (within
+the read's timeout), an Event waits in a queue and the health monitor's taints wait for the
+slice publisher (:mod:`agent.kube.deferred`). The slice publisher and the second driver's
+engine follow. They, the health monitor and the kubelet plugins then run as children of the
+task group until SIGTERM or SIGINT, with, in simulate mode, the fault-injection control socket.
 
 A child that fails is logged and brings the whole process down cleanly (sockets removed,
 engine closed, exit status 1): systemd or the DaemonSet restarts it, and the checkpoint makes
@@ -129,21 +131,8 @@ class Supervisor:
         await group.start(supervised, name=name)
 
     async def _start(self, stack: AsyncExitStack, group: TaskGroup) -> None:
-        # Heavy imports live here so that `gpu-dra-agent --help` stays fast; the API side's
-        # (aiohttp, kubernetes-asyncio) are loaded by connect_api, after the sockets are open.
-        from agent.api_side import connect_api
-        from agent.dra import build_devices
-        from agent.dra.shares import parse_mode
-        from agent.hardware.discovery import discover, nvml_session
-        from agent.kube.deferred import (
-            DeferredClaimReader,
-            DeferredEventPoster,
-            DeferredPublisher,
-            Pending,
-        )
-        from agent.kube.interfaces import ClaimReader
+        from agent.kubelet.deferred import DeferredPreparer
         from agent.kubelet.plugin import KubeletPlugin
-        from agent.node.engine import PrepareEngine
 
         config = self.config
         if config.metrics_address is not None:
@@ -155,117 +144,73 @@ class Supervisor:
                     f"cannot serve metrics on {host}:{port} (--metrics-address): {err}"
                 ) from err
             log.info("serving Prometheus metrics", extra={"url": endpoint.url})
-        session = await stack.enter_async_context(nvml_session(config.simulate, config.host_root))
-        inventory = await discover(session.nvml, config.host_root)
-        shares = parse_mode(config.consumable_shares)  # --consumable-shares (agent.dra.shares)
-        devices = build_devices(inventory, shares=shares)
-        log.info(
-            "discovered %d GPU(s), %d allocatable device(s)",
-            len(inventory.gpus),
-            len(devices),
-            extra={"simulated": config.simulate or "no", "host_root": str(config.host_root)},
-        )
 
-        # The API client is made once the kubelet's sockets are open (connect_api, below): a
-        # claim read waits for it within the read's timeout, an Event waits in a queue.
-        pending_reader: Pending[ClaimReader] = Pending("API client")
-        claim_reader = DeferredClaimReader(pending_reader, timeout_s=config.api_timeout_s)
-        events = DeferredEventPoster()
-        effectors: list[Any] = []  # agent.node.effectors.DeviceEffector, in order
-        if config.dynamic_mig:  # MIG instances made on prepare (agent/mig)
-            from agent.hardware.mig_ops import MigOps
-            from agent.mig import MigEffector, metrics_at_zero
+        # The kubelet's sockets first: GetInfo needs nothing but the driver's name and versions
+        # (agent.kubelet.deferred). A prepare waits for the engine made below, the health
+        # stream for the monitor's first look at the GPUs (agent.health.front).
+        preparer = DeferredPreparer(f"the {config.driver_name} prepare engine")
+        front = None
+        if config.health_monitoring:
+            from agent.health.front import build_health_front
 
-            metrics_at_zero()
-
-            effectors.append(
-                MigEffector(
-                    MigOps(session.nvml),
-                    inventory,
-                    config.host_root,
-                    mode_off_when_idle=config.mig_mode_off_when_idle,
-                    adopt_instances=config.adopt_mig_instances,
-                )
+            front = build_health_front(
+                policy=config.health, node_name=config.node_name, driver_name=config.driver_name
             )
-        from agent.sharing import build_sharing
+        plugin = KubeletPlugin(
+            driver_name=config.driver_name,
+            dra_socket=config.dra_socket,
+            registration_socket=config.registration_socket,
+            engine=preparer,
+            **({} if front is None else front.plugin_arguments()),
+        )
+        # returns once both sockets exist; a failure to open them is a start-up error
+        await self._start_child(group, "kubelet plugin", plugin.run)
+        channels = None
+        if config.compute_domains == "on":  # the second driver's too: no GPU needed to decide
+            from agent.imex.sockets import open_sockets
 
-        effectors.append(  # after MIG: it sees the MIG devices just made (agent/sharing)
-            build_sharing(
-                session.nvml,
-                inventory,
-                plugin_dir=config.plugin_dir,
-                host_root=config.host_root,
-                driver_root=(
-                    session.simulated.root / "driver-root"
-                    if session.simulated is not None
-                    else config.driver_files
-                ),
-                dynamic_mig=config.dynamic_mig,
-                simulated=session.simulated is not None,
+            channels = await open_sockets(
+                config, None, lambda name, run: self._start_child(group, name, run)
             )
-        )
-        from agent.metadata import build_metadata
+        try:
+            await self._start_node(stack, group, plugin, preparer, front, channels)
+        except BaseException as err:
+            for waiting in (preparer, channels):
+                if waiting is not None:
+                    waiting.fail(f"the agent failed to start: {err!r}")
+            raise
 
-        # last effector: KEP-5304 files per request (agent/metadata; --device-metadata); the
-        # engine's reader notes what they need of each claim
-        engine_reader, metadata = build_metadata(
-            claim_reader,
-            enabled=config.device_metadata,
-            driver=config.driver_name,
-            pool=config.node_name,
-            plugin_dir=config.plugin_dir,
-            cdi_root=config.cdi_root,
-            devices=devices,
-        )
-        effectors.append(metadata)
-        engine = PrepareEngine(
-            driver=config.driver_name,
-            node_name=config.node_name,
-            inventory=inventory,
-            plugin_dir=config.plugin_dir,
-            cdi_root=config.cdi_root,
-            host_root=config.host_root,
-            driver_root=config.driver_root,
-            driver_root_mount=config.driver_files,
-            claim_reader=engine_reader,
-            boot_id=session.files.boot_id() or "unknown",
-            events=events,
-            dynamic_mig=config.dynamic_mig,
-            adopt_mig_instances=config.adopt_mig_instances,
-            effectors=effectors,
-            sharing=True,
-        )
-        report = await engine.start()
-        stack.push_async_callback(engine.close)
-        log.info(
-            "prepare engine started: checkpoint %s, %d prepared claim(s)",
-            report.load_status,
-            len(report.prepared),
-            extra={
-                "rolled_back": len(report.rolled_back),
-                "recreated_specs": len(report.recreated_specs),
-                "removed_orphan_specs": len(report.removed_orphan_specs),
-            },
-        )
+    async def _start_node(
+        self,
+        stack: AsyncExitStack,
+        group: TaskGroup,
+        plugin: Any,
+        preparer: Any,
+        front: Any,
+        channels: Any,
+    ) -> None:
+        """Everything after the kubelet's sockets: the GPUs, the engine (handed to the waiting
+        DRA service), the health monitor, the second driver, then the API side."""
+        # Heavy imports live here so that `gpu-dra-agent --help` and the kubelet's first
+        # answer stay fast: loaded in a worker thread, so that the event loop answers the
+        # kubelet's registration meanwhile (the API side's, aiohttp and kubernetes-asyncio,
+        # are loaded by connect_api the same way).
+        from agent.node_side import load_node_modules, start_engine
 
-        dynamic_mig: Any = None
-        counter_sets: tuple[Any, ...] = ()
-        held_back: list[Any] = []
-        if config.dynamic_mig:  # after start: the checkpoint says which instances are ours
-            from agent.dra import build_device_set
+        await anyio.to_thread.run_sync(load_node_modules, self.config)
+        from agent.api_side import connect_api
+        from agent.kube.deferred import DeferredPublisher
 
-            dynamic_mig = _dynamic_mig_settings(engine.checkpoint, config.adopt_mig_instances)
-            if report.rolled_back:  # recovery destroyed what a crash made: read the GPUs again
-                inventory = await discover(session.nvml, config.host_root)
-            device_set = build_device_set(inventory, dynamic_mig=dynamic_mig, shares=shares)
-            devices, counter_sets = list(device_set.devices), device_set.counter_sets
-            held_back = list(device_set.held_back)
-        metadata.set_devices(devices)  # the devices as published (dynamic MIG: placements)
+        config = self.config
+        node = await start_engine(config, stack, preparer)
+        session, inventory, devices = node.session, node.inventory, node.devices
+        counter_sets, held_back, events = node.counter_sets, node.held_back, node.events
 
-        # The NVML event monitor runs from here on, before the kubelet sees a socket: an XID
-        # in the first second is not lost, whatever the API server does. Its slice writes go
-        # to the publisher once the API client exists, its Events wait in the queue, and the
-        # unmonitored taint's effect follows the server's version when it is known.
+        # The NVML event monitor runs from here on, before the API side: an XID in the first
+        # second is not lost, whatever the API server does, and its first look is the health
+        # stream's first list. Its slice writes go to the publisher once the API client
+        # exists, its Events wait in the queue, and the unmonitored taint's effect follows the
+        # server's version when it is known.
         slices = DeferredPublisher()
         slice_writes_at_zero(config.driver_name)  # the publisher comes after the API client
         health = None
@@ -280,8 +225,9 @@ class Supervisor:
                 publisher=slices,
                 events=events,
                 driver_name=config.driver_name,
-                dynamic_mig=dynamic_mig,
-                shares=shares,
+                dynamic_mig=node.dynamic_mig,
+                shares=node.shares,
+                front=front,
             )
             self._child(group, "health monitor", health.monitor.run)
         if session.simulated is not None:
@@ -293,25 +239,18 @@ class Supervisor:
             )
             await self._start_child(group, "simulation control", control.run)
 
-        plugin = KubeletPlugin(
-            driver_name=config.driver_name,
-            dra_socket=config.dra_socket,
-            registration_socket=config.registration_socket,
-            engine=engine,
-            **({} if health is None else health.plugin_arguments()),
-        )
-        # returns once both sockets exist; a failure to open them is a start-up error
-        await self._start_child(group, "kubelet plugin", plugin.run)
-        # the second driver's sockets too (compute-domain.nvidia.com, agent/imex;
-        # --compute-domains): its engine comes once the API client exists
-        from agent.imex.sockets import open_sockets
+        if channels is None:
+            # the second driver's sockets (compute-domain.nvidia.com, agent/imex), where
+            # --compute-domains=auto finds the GPUs in a fabric clique (or off: logged): its
+            # engine comes once the API client exists
+            from agent.imex.sockets import open_sockets
 
-        channels = await open_sockets(
-            config, inventory, lambda name, run: self._start_child(group, name, run)
-        )
+            channels = await open_sockets(
+                config, inventory, lambda name, run: self._start_child(group, name, run)
+            )
 
         # the kubelet registers the plugin meanwhile; a prepare waits for the claim reader
-        api = await connect_api(config, stack, pending_reader)
+        api = await connect_api(config, stack, node.pending_reader)
         self._child(group, "queued events", lambda: events.attach(api.events))
         if config.dynamic_mig:
             log.info(
@@ -341,6 +280,7 @@ class Supervisor:
 
             await serve_compute_domains(
                 config,
+                inventory,
                 api.client,
                 api.claim_reader,
                 api.node_uid,
@@ -377,17 +317,3 @@ class _Started:
 
     def started(self, value: None = None) -> None:
         self._on_started(value)
-
-
-def _dynamic_mig_settings(checkpoint: Any, adopt: bool) -> Any:
-    """``--dynamic-mig`` publishing settings: the MIG devices whose instance this agent made
-    are placements like any other; every other instance found is static (``agent.dra``).
-    Made by this agent means a MIG intent of the checkpoint names it: the effector records
-    the intent before the instance exists and removes it only once it is gone (a static
-    instance prepared for a claim has live ids in the checkpoint too, but no intent). The
-    engine and the MIG effector read the same rule from the checkpoint at startup."""
-    from agent.dra.partitionable import owned_by_intents
-
-    return owned_by_intents(
-        ((i.effector, i.device) for c in checkpoint.claims.values() for i in c.intents), adopt
-    )

@@ -2,20 +2,18 @@
 
 The state machine is pure and the monitor already has three outputs to order; metrics are a
 fourth that must never delay or fail them. So they are recorded at the two seams the wiring
-owns: the hub that receives every device-status list (:class:`MeasuredHub`), and the sink the
-event pump delivers batches to (:func:`counting_sink`).
+owns: the hub that receives every device-status list (:class:`MeasuredHub`), and the event
+pump's batches (:func:`count_events`, called by ``agent.health.wiring.CountingPump``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from agent.hardware.events import EventPump, EventSink
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.health.records import DeviceStatus, Health
 from agent.health.stream import HealthHub
-from agent.telemetry.metrics import HEALTH_EVENTS, add, at_zero, device_health
+from agent.telemetry.metrics import HEALTH_EVENTS, add, device_health
 
 STATE_NAMES = {Health.HEALTHY: "Healthy", Health.UNHEALTHY: "Unhealthy", Health.UNKNOWN: "Unknown"}
 #: The events a GPU's driver reports (the others are the agent's own bookkeeping).
@@ -33,9 +31,11 @@ COUNTED = frozenset(
 class MeasuredHub(HealthHub):
     """A :class:`HealthHub` that also sets ``gpu_dra_device_health`` for every device."""
 
-    def __init__(self, driver: str, statuses: Sequence[DeviceStatus] = ()) -> None:
+    def __init__(
+        self, driver: str, statuses: Sequence[DeviceStatus] = (), *, until_published: bool = False
+    ) -> None:
         self.driver = driver
-        super().__init__(statuses)
+        super().__init__(statuses, until_published=until_published)
         self._measure(statuses)
 
     def publish(self, statuses: Sequence[DeviceStatus]) -> None:
@@ -55,20 +55,3 @@ def count_events(events: Sequence[HealthEvent]) -> None:
             counts[key] = counts.get(key, 0) + 1
     for (kind, xid), count in counts.items():
         add(HEALTH_EVENTS, count, kind=kind, xid=xid)
-
-
-class CountingPump(EventPump):
-    """An :class:`EventPump` whose batches are counted before the monitor gets them; the
-    counts of the kinds without an XID are exported at 0 from the start."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        kinds = sorted(str(kind) for kind in COUNTED if kind is not EventKind.XID)
-        at_zero(HEALTH_EVENTS, *({"kind": kind, "xid": ""} for kind in kinds))
-
-    async def run(self, sink: EventSink) -> None:
-        def counted(events: Sequence[HealthEvent]) -> None:
-            count_events(events)
-            sink(events)
-
-        await super().run(counted)

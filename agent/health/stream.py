@@ -63,10 +63,17 @@ class _Watcher:
 class HealthHub:
     """The current device health list and the streams that want it."""
 
-    def __init__(self, statuses: Sequence[DeviceStatus] = ()) -> None:
+    def __init__(
+        self, statuses: Sequence[DeviceStatus] = (), *, until_published: bool = False
+    ) -> None:
         self.current: tuple[DeviceStatus, ...] = tuple(statuses)
         self.published = 0
         self._watchers: set[_Watcher] = set()
+        #: Set once there is a list to send: at once, or (``until_published``: the hub exists
+        #: before the health monitor, whose first look at the GPUs is its first publish) then.
+        self.ready = anyio.Event()
+        if not until_published:
+            self.ready.set()
 
     @property
     def watchers(self) -> int:
@@ -76,6 +83,7 @@ class HealthHub:
         """Make ``statuses`` current and offer it to every stream (never blocks)."""
         self.current = tuple(statuses)
         self.published += 1
+        self.ready.set()
         for watcher in self._watchers:
             watcher.offer(self.current)
 
@@ -169,6 +177,8 @@ class HealthStreamService:
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._wake_on_stop, watcher)
+                if not self.hub.ready.is_set():  # no list before the monitor has looked
+                    await self._until_ready()
                 statuses: tuple[DeviceStatus, ...] | None = self.hub.current
                 while not self.stopping.is_set():
                     await stream.send_message(self.response(pb, statuses or self.hub.current))
@@ -181,6 +191,18 @@ class HealthStreamService:
             self.hub.remove(watcher)
             log.info("health stream ended", extra={"messages": sent, "watchers": self.hub.watchers})
         return sent  # returning ends the stream with status OK
+
+    async def _until_ready(self) -> None:
+        """Until the hub has a list or the server stops."""
+        async with anyio.create_task_group() as group:
+
+            async def ready() -> None:
+                await self.hub.ready.wait()
+                group.cancel_scope.cancel()
+
+            group.start_soon(ready)
+            await self.stopping.wait()
+            group.cancel_scope.cancel()
 
     async def _wake_on_stop(self, watcher: _Watcher) -> None:
         await self.stopping.wait()

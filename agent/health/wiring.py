@@ -6,20 +6,40 @@ same way by tests and benchmarks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import SharesMode
-from agent.hardware.events import WatchedGpu
+from agent.hardware.events import EventPump, EventSink, WatchedGpu
+from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory
 from agent.hardware.nvml import Nvml
-from agent.health.metrics import CountingPump, MeasuredHub
+from agent.health.front import HealthFront, build_health_front
+from agent.health.metrics import COUNTED, count_events
 from agent.health.monitor import HealthMonitor
 from agent.health.policy import HealthPolicy
-from agent.health.stream import HEALTH_VERSIONS, HealthStreamService
+from agent.health.stream import HealthStreamService
 from agent.kube.interfaces import DevicePublisher, EventPoster
-from agent.kubelet.registration import DRA_VERSIONS
+from agent.telemetry.metrics import HEALTH_EVENTS, at_zero
+
+
+class CountingPump(EventPump):
+    """An :class:`EventPump` whose batches are counted before the monitor gets them; the
+    counts of the kinds without an XID are exported at 0 from the start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        kinds = sorted(str(kind) for kind in COUNTED if kind is not EventKind.XID)
+        at_zero(HEALTH_EVENTS, *({"kind": kind, "xid": ""} for kind in kinds))
+
+    async def run(self, sink: EventSink) -> None:
+        def counted(events: Sequence[HealthEvent]) -> None:
+            count_events(events)
+            sink(events)
+
+        await super().run(counted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,26 +65,24 @@ def build_health(
     driver_name: str = "gpu.nvidia.com",
     dynamic_mig: DynamicMig | None = None,
     shares: SharesMode | None = None,
+    front: HealthFront | None = None,
 ) -> HealthParts:
     """The health monitor (run it in the task group) and the service for the DRA socket.
     ``dynamic_mig``, ``shares``: the settings the published devices were built with
-    (``--dynamic-mig``, ``--consumable-shares``)."""
-    hub = MeasuredHub(driver_name)
+    (``--dynamic-mig``, ``--consumable-shares``); ``front``: the service already serving (the
+    monitor feeds its hub), else a new one."""
+    if front is None:
+        front = build_health_front(policy=policy, node_name=node_name, driver_name=driver_name)
     pump = CountingPump([WatchedGpu(g.index, g.uuid) for g in inventory.gpus])
     monitor = HealthMonitor(
         nvml=nvml,
         inventory=inventory,
         policy=policy,
         publisher=publisher,
-        hub=hub,
+        hub=front.hub,
         events=events,
         pump=pump,
         dynamic_mig=dynamic_mig,
         shares=shares,
     )
-    service = HealthStreamService(
-        hub,
-        pool_name=node_name,
-        health_check_timeout_seconds=policy.health_check_timeout_seconds,
-    )
-    return HealthParts(monitor, service, (*DRA_VERSIONS, *HEALTH_VERSIONS))
+    return HealthParts(monitor, front.service, front.supported_versions)

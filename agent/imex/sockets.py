@@ -6,7 +6,8 @@ hardware alone (``--compute-domains`` and the GPUs' fabric clique), so its regis
 DRA sockets open as early as the GPU driver's, with a :class:`DeferredChannelPreparer` in
 place of the channel engine; :func:`agent.imex.wiring.serve_compute_domains` builds the engine
 once the API client exists (the node's IMEX address, the domains and their membership need
-it) and attaches it. A prepare that arrives in between waits for the engine, within a bound.
+it) and attaches it. A prepare that arrives in between waits for the engine, within a bound
+(:mod:`agent.kubelet.deferred`).
 
 Nothing here loads the HTTP stack or the IMEX engine's modules.
 """
@@ -14,85 +15,56 @@ Nothing here loads the HTTP stack or the IMEX engine's modules.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
-
 from agent.config import AgentConfig
-from agent.errors import AgentError
 from agent.hardware.inventory import Inventory
 from agent.imex.config import DRIVER
 from agent.imex.fabric import Clique, node_clique
-from agent.kube.deferred import Pending
-from agent.kubelet.dra_service import ClaimPreparer
-from agent.node.types import ClaimPrepareResult, ClaimRef
+from agent.kubelet.deferred import ENGINE_WAIT_S, DeferredPreparer
 
 log = logging.getLogger(__name__)
 
 StartChild = Callable[[str, Callable[..., Any]], Awaitable[None]]
 
 
-class EngineNotReady(AgentError):
-    """The channel engine did not come up in time (the kubelet retries the call)."""
+class DeferredChannelPreparer(DeferredPreparer):
+    """The driver's engine until the wiring attaches it, with the node's clique as the
+    hardware says it (the wiring may yet find no IMEX address). With ``--compute-domains on``
+    the sockets open before the GPUs are discovered: the clique is set once they are."""
+
+    def __init__(self, clique: Clique | None, *, timeout_s: float = ENGINE_WAIT_S) -> None:
+        super().__init__(f"the {DRIVER} engine", timeout_s=timeout_s)
+        self.clique = clique
 
 
-class DeferredChannelPreparer:
-    """The kubelet plugin's engine until the channel engine exists: each call waits (at most
-    ``timeout_s``) for :meth:`attach`, then is the engine's."""
-
-    def __init__(self, clique: Clique, *, timeout_s: float) -> None:
-        self.clique = clique  # as the hardware says; the wiring may find no IMEX address
-        self._engine: Pending[ClaimPreparer] = Pending("channel engine")
-        self._timeout_s = timeout_s
-
-    def attach(self, engine: ClaimPreparer) -> None:
-        self._engine.set(engine)
-
-    def fail(self, why: str) -> None:
-        """The engine will never come; every waiting and later call fails with ``why``."""
-        self._engine.fail(why)
-
-    async def _get(self) -> ClaimPreparer:
-        if not self._engine.ready:
-            with anyio.move_on_after(self._timeout_s):
-                await self._engine.wait()
-            if not self._engine.ready:
-                raise EngineNotReady(
-                    f"the {DRIVER} engine is still starting ({self._timeout_s:g} s after the "
-                    "call; it needs the API server): retry"
-                )
-        try:
-            return await self._engine.get()
-        except LookupError as err:
-            raise EngineNotReady(str(err)) from None
-
-    async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimPrepareResult]:
-        return await (await self._get()).prepare(claims)
-
-    async def unprepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, str | None]:
-        return await (await self._get()).unprepare(claims)
+def serves_before_discovery(config: AgentConfig) -> bool:
+    """``--compute-domains on`` needs no hardware to decide: the sockets open with the GPU
+    driver's (``auto`` decides by the GPUs' clique, once they are discovered)."""
+    return config.compute_domains == "on"
 
 
 async def open_sockets(
-    config: AgentConfig, inventory: Inventory, start_child: StartChild
+    config: AgentConfig, inventory: Inventory | None, start_child: StartChild
 ) -> DeferredChannelPreparer | None:
     """Open the driver's sockets if ``--compute-domains`` says this node serves it (the reason
-    is logged either way); the returned stand-in gets the engine later."""
+    is logged either way); the returned stand-in gets the engine later. ``inventory`` None:
+    before discovery (only with ``on``; the wiring sets the clique)."""
     from agent.kubelet.plugin import KubeletPlugin
 
     if config.compute_domains == "off":
         log.info("ComputeDomains are off (--compute-domains=off)")
         return None
-    clique = node_clique(inventory)
-    if clique.clique is None and config.compute_domains == "auto":
+    clique = node_clique(inventory) if inventory is not None else None
+    if config.compute_domains == "auto" and (clique is None or clique.clique is None):
         log.info(
             "not serving %s: %s (--compute-domains=on serves it without a channel)",
             DRIVER,
-            clique.reason,
+            clique.reason if clique is not None else "the GPUs are not discovered",
         )
         return None
-    preparer = DeferredChannelPreparer(clique, timeout_s=config.api_timeout_s)
+    preparer = DeferredChannelPreparer(clique)
     dra_socket, registration_socket = config.sockets_of(DRIVER)
     plugin = KubeletPlugin(
         driver_name=DRIVER,

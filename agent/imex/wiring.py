@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from agent.config import AgentConfig
+from agent.hardware.inventory import Inventory
 from agent.imex import metrics
 from agent.imex.clique_watch import CliqueWatch
 from agent.imex.cliques import CliqueApi
@@ -29,7 +30,7 @@ from agent.imex.config import DRIVER
 from agent.imex.daemon import ImexDaemon
 from agent.imex.domains import DomainApi
 from agent.imex.engine import ChannelEngine
-from agent.imex.fabric import Clique, channel_devices
+from agent.imex.fabric import Clique, channel_devices, node_clique
 from agent.imex.membership import CliqueMembership, Membership, StatusMembership
 from agent.imex.sockets import DeferredChannelPreparer
 
@@ -43,6 +44,7 @@ StartChild = Callable[[str, Callable[..., Any]], Awaitable[None]]
 
 async def serve_compute_domains(
     config: AgentConfig,
+    inventory: Inventory,
     api_client: Any,
     claim_reader: Any,
     node_uid: str | None,
@@ -54,7 +56,8 @@ async def serve_compute_domains(
     its engine, which ``preparer`` now answers the kubelet with."""
     from agent.kube.publisher import SlicePublisher
 
-    clique = preparer.clique
+    clique = preparer.clique if preparer.clique is not None else node_clique(inventory)
+    preparer.clique = clique
     plugin_dir = config.plugins_dir / DRIVER
     node_ip = config.node_ip or await _node_address(
         api_client, config.node_name, min(5.0, config.api_timeout_s)

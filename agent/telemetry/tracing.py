@@ -23,7 +23,6 @@ import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from importlib import metadata as importlib_metadata
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -90,6 +89,9 @@ def outcome_span(
 
 
 def agent_version() -> str:
+    """The installed package's version (importlib.metadata is loaded only when asked)."""
+    from importlib import metadata as importlib_metadata
+
     try:
         return importlib_metadata.version("gpu-dra-agent")
     except importlib_metadata.PackageNotFoundError:

@@ -117,8 +117,8 @@ class Cluster:
         args: Sequence[str] = (),
     ) -> None:
         """Start ``node``'s agent (``args`` added to its command line); by default wait until
-        its kubelet emulator has registered the ComputeDomain driver and its channel slice is
-        in the API server."""
+        its kubelet emulator has registered the ComputeDomain driver, the driver's engine has
+        started (its "ready" log line) and its channel slice is in the API server."""
         node.starts += 1
         registered = len(node.kubelet.events(EventKind.REGISTERED, CD_DRIVER))
         command = [
@@ -143,10 +143,19 @@ class Cluster:
                 )
             except TimeoutError:
                 raise AssertionError(f"{node.name} did not register:\n{node.log()}") from None
-            try:  # registered before its slice is written: the channel's slice too
+            # registered before its engine starts and its slice is written: both too
+            log = node.root / f"agent-{node.starts}.log"
+            try:
+                with anyio.fail_after(START_TIMEOUT):
+                    while True:
+                        if _said_ready(log.read_text(errors="replace"), CD_DRIVER):
+                            break
+                        await anyio.sleep(0.02)
                 await published_pool(self.api, node.name, CD_DRIVER, timeout_s=START_TIMEOUT)
             except TimeoutError:
-                raise AssertionError(f"{node.name} published no channel:\n{node.log()}") from None
+                raise AssertionError(
+                    f"{node.name} did not start its engine:\n{node.log()}"
+                ) from None
 
     async def stop(self, node: Node, signal_number: signal.Signals = signal.SIGTERM) -> int:
         process = node.process
@@ -266,6 +275,19 @@ class Cluster:
                 },
             }
         )
+
+
+def _said_ready(log: str, driver: str) -> bool:
+    """Whether an agent's JSON log says ``driver`` is ready (its engine started)."""
+    for line in log.splitlines():
+        if '"ready"' in line and driver in line:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("message") == "ready" and record.get("driver") == driver:
+                return True
+    return False
 
 
 async def settled_members(

@@ -52,6 +52,7 @@ from agent.sim.allocation import (
 )
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, OpaqueConfig, PodReference, create_allocated_claim
+from agent.sim.control.client import wait_engine_started
 from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, ClaimSource, EventKind, KubeletEmulator, PodClaims
 
@@ -222,8 +223,8 @@ class AgentHarness:
         return self.agent
 
     async def _wait_registered(self, agent: AgentProcess, count: int) -> None:
-        """Wait for the ``count``-th registration; fail at once (with the log) if the agent
-        exits first."""
+        """Wait for the ``count``-th registration and the engine's start; fail at once (with
+        the log) if the agent exits first."""
         exited: list[int] = []
 
         async def watch_exit(scope: anyio.CancelScope) -> None:
@@ -236,6 +237,8 @@ class AgentHarness:
                 await self.kubelet.wait_event(
                     EventKind.REGISTERED, DRIVER, count=count, timeout=START_TIMEOUT
                 )
+                # the sockets open before the engine: wait until it runs too
+                await wait_engine_started(self.plugin_dir, START_TIMEOUT)
             except TimeoutError:
                 exited.append(-1)
             group.cancel_scope.cancel()

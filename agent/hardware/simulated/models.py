@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import yaml
-
+from agent import yamlload
 from agent.hardware.errors import ProfileError
 from agent.hardware.simulated.schema import Node
 
@@ -179,7 +178,7 @@ def load_models() -> dict[str, GpuModel]:
     """Load the GPU models shipped with the package."""
     text = resources.files(__package__).joinpath("profiles", MODELS_FILE).read_text()
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        document = yamlload.safe_load(text)
+    except yamlload.YAMLError as exc:
         raise ProfileError(f"{MODELS_FILE}: not valid YAML: {exc}") from exc
     return parse_models(document, MODELS_FILE)

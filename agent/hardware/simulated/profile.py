@@ -13,8 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from agent import yamlload
 from agent.hardware.errors import ProfileError
 from agent.hardware.simulated.models import GpuModel, load_models
 from agent.hardware.simulated.schema import PCI_BUS_ID, Node
@@ -90,8 +89,8 @@ def load_profile(profile: str | Path) -> HostProfile:
         text = resources.files(__package__).joinpath("profiles", f"{profile}.yaml").read_text()
         source = f"{profile}.yaml"
     try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
+        document = yamlload.safe_load(text)
+    except yamlload.YAMLError as exc:
         raise ProfileError(f"{source}: not valid YAML: {exc}") from exc
     return parse_profile(document, source, Path(source).stem)
 

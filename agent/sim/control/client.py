@@ -40,3 +40,23 @@ async def send_request(
     if not reply.get("ok"):
         raise ControlError(f"the simulated agent refused the request: {reply.get('error')}")
     return reply
+
+
+async def wait_engine_started(plugin_dir: Path, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+    """Until a simulated agent whose data directory is ``plugin_dir`` accepts connections on its
+    control socket: it opens it once its prepare engine and health monitor run, after the
+    kubelet's sockets (which open first, so a registration alone does not say the engine is
+    up). Harnesses that inject faults or read the checkpoint right after a start wait here;
+    raises ``TimeoutError``."""
+    from agent.sim.control.protocol import control_socket_path
+
+    path = control_socket_path(plugin_dir)
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                stream = await anyio.connect_unix(path)
+            except OSError:  # not there yet, or a killed agent's socket file
+                await anyio.sleep(0.02)
+                continue
+            await stream.aclose()
+            return

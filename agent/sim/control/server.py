@@ -60,6 +60,11 @@ class SimulationControl:
                 with anyio.fail_after(REQUEST_TIMEOUT):
                     request = decode(await _read_line(connection))
                     reply = await self.execute(request)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                # a client gone before its request was whole (a readiness probe connects
+                # and closes): nothing to answer, the socket keeps serving
+                log.debug("a control connection closed without a whole request")
+                return
             except (ValueError, KeyError, TypeError, IndexError, TimeoutError) as err:
                 reply = {"ok": False, "error": describe(err)}
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):

@@ -533,11 +533,11 @@ def test_counters_only_slices_are_matched_by_their_sets() -> None:
 
 
 def test_the_agent_owns_the_instances_its_mig_intents_name() -> None:
-    """Startup settings (supervisor): a MIG intent (kept from before the instance until it is
+    """Startup settings (node_side): a MIG intent (kept from before the instance until it is
     gone) marks the agent's instances; a static device prepared with live ids does not."""
     from types import SimpleNamespace
 
-    from agent.supervisor import _dynamic_mig_settings
+    from agent.node_side import _dynamic_mig_settings
 
     def claim(intents: list[tuple[str, str]], devices: list[str]) -> SimpleNamespace:
         return SimpleNamespace(

@@ -93,3 +93,18 @@ async def test_a_gpu_instance_destroyed_behind_the_agents_back(
     assert gpu.gpu_instances == {} and changes == [1]
     with pytest.raises(ControlError, match="GPU 1 has no GPU instance 5"):
         await send_request(path, request)
+
+
+async def test_a_client_gone_before_its_request_leaves_the_socket_serving(
+    control: tuple[SimulatedHost, Path],
+) -> None:
+    """A connection closed without a request (a readiness probe, a half-written line) is not a
+    failure: the socket goes on serving (it once stopped the agent)."""
+    from agent.sim.control.client import wait_engine_started
+
+    _, path = control
+    await wait_engine_started(path.parent, timeout=5)  # connects, then closes at once
+    async with await anyio.connect_unix(path) as stream:
+        await stream.send(b'{"op": "recover"')  # no end of line
+    reply = await send_request(path, {"op": "recover", "gpu": "0"})
+    assert reply["ok"] is True and reply["gpu"] == 0

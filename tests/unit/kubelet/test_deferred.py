@@ -1,5 +1,5 @@
-"""The compute-domain driver's sockets open before its engine exists
-(``agent.imex.sockets``): a call in between waits for the engine, within a bound, and is the
+"""A driver's sockets open before its engine exists (``agent.kubelet.deferred``; the
+compute-domain driver's stand-in, ``agent.imex.sockets``): a call in between waits for the engine, within a bound, and is the
 engine's once it is attached; a bound passed or an engine that never comes fails the call with
 a retryable error, not a hang."""
 
@@ -11,7 +11,8 @@ import anyio
 import pytest
 
 from agent.imex.fabric import Clique
-from agent.imex.sockets import DeferredChannelPreparer, EngineNotReady
+from agent.imex.sockets import DeferredChannelPreparer
+from agent.kubelet.deferred import EngineNotReady
 from agent.node.types import ClaimPrepareResult, ClaimRef
 
 pytestmark = pytest.mark.anyio
