@@ -195,3 +195,44 @@ async def test_shutdown_ends_every_stream_with_status_ok(short_dir: Path) -> Non
     assert [(w.ended_ok, w.error) for w in watchers] == [(True, None)] * 3
     for watcher in watchers:
         watcher.channel.close()
+
+
+async def test_a_hub_made_before_the_monitor_sends_nothing_until_its_first_look(
+    short_dir: Path,
+) -> None:
+    """The sockets open before the GPUs are discovered (agent.health.front): a stream opened
+    then gets its first list only when the monitor publishes, never an empty or stale one;
+    a server stopping before that ends the stream with status OK."""
+    hub = HealthHub(until_published=True)
+    service = HealthStreamService(hub, pool_name=NODE)
+    plugin = make_plugin(short_dir, FakeEngine(), extra_services=[service], shutdown_grace=5.0)
+    async with anyio.create_task_group() as group:
+        await group.start(plugin.run)
+        watcher = Watcher(plugin.dra_server.path)
+        group.start_soon(watcher.read)
+        await anyio.sleep(0.3)
+        assert watcher.messages == [] and watcher.error is None
+        hub.publish(statuses({5}))  # the monitor's first look
+        await watcher.wait(1)
+        assert watcher.health(0)["gpu-5"] == 2 and len(watcher.messages[0].devices) == 8
+        late = Watcher(plugin.dra_server.path)  # the hub is ready now: at once
+        group.start_soon(late.read)
+        await late.wait(1)
+        group.cancel_scope.cancel()
+    watcher.channel.close()
+    late.channel.close()
+    waiting = HealthHub(until_published=True)
+    service = HealthStreamService(waiting, pool_name=NODE)
+    plugin = make_plugin(short_dir, FakeEngine(), extra_services=[service], shutdown_grace=5.0)
+    async with anyio.create_task_group() as outer:
+        async with anyio.create_task_group() as group:
+            await group.start(plugin.run)
+            never = Watcher(plugin.dra_server.path)
+            outer.start_soon(never.read)
+            await anyio.sleep(0.2)
+            group.cancel_scope.cancel()  # stops before any publish
+        with anyio.fail_after(3):
+            while not (never.ended_ok or never.error):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+    assert (never.ended_ok, never.error, never.messages) == (True, None, [])
+    never.channel.close()
