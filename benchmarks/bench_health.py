@@ -28,9 +28,10 @@ from typing import Any
 
 import anyio
 
+from agent.sim.allocation import ApiAccess, published_pool
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.control import control_socket_path
-from agent.sim.control.client import send_request
+from agent.sim.control.client import send_request, wait_engine_started
 from agent.sim.kubelet import EventKind, KubeletEmulator
 from benchmarks import Result
 from benchmarks.agent_process import agent_command, start_agent
@@ -58,6 +59,9 @@ async def measure(base: Path, repeat: int) -> list[Result]:
             try:
                 await kl.wait_event(EventKind.HEALTH_STREAM_OPENED, DRIVER, timeout=30)
                 await kl.next_health_report(DRIVER, timeout=10)
+                await wait_engine_started(base / "plugins" / DRIVER)  # its control socket
+                # the slices written: a taint before that waits for the API client (start-up)
+                await published_pool(ApiAccess(server.url, server.token), NODE, DRIVER)
                 control = control_socket_path(base / "plugins" / DRIVER)
                 return await _samples(server, kl, control, repeat)
             finally:

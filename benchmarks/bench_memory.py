@@ -28,6 +28,7 @@ import anyio
 
 from agent.kubelet.dra_service import MAX_CLAIMS_PER_REQUEST
 from agent.sim.apiserver import EmbeddedApiServer
+from agent.sim.control.client import wait_engine_started
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 from benchmarks import Result
 from benchmarks.agent_process import agent_command, start_agent
@@ -71,6 +72,7 @@ async def _huge_request(base: Path) -> list[Result]:
             agent = await start_agent(command, base / "agent.log")
             try:
                 await kl.wait_event(EventKind.REGISTERED, DRIVER, timeout=60)
+                await wait_engine_started(base / "plugins" / DRIVER)  # sockets open before it
                 await anyio.sleep(2)  # the first publish and the health stream settle
                 before, _ = memory(agent.pid)
                 refs = claims(MAX_CLAIMS_PER_REQUEST)

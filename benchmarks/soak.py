@@ -58,7 +58,7 @@ from agent.sim.allocation import (
 )
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.control import control_socket_path
-from agent.sim.control.client import send_request
+from agent.sim.control.client import send_request, wait_engine_started
 from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, EventKind, KubeletEmulator
 from benchmarks import percentile
@@ -269,6 +269,7 @@ async def soak(
                 await tray_kl.wait_event(EventKind.REGISTERED, CD_DRIVER, timeout=60)
                 tray = (tray_kl, await channel_claim(server, TRAY), tray_agent.pid)
             await kl.wait_event(EventKind.REGISTERED, DRIVER, timeout=60)
+            await wait_engine_started(base / "plugins" / DRIVER)  # sockets open before it
             await _whole_pool(server, 30)
             refs = await _allocate(server, report)
             await _run(
