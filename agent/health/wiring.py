@@ -20,7 +20,6 @@ from agent.health.front import HealthFront, build_health_front
 from agent.health.metrics import COUNTED, count_events
 from agent.health.monitor import HealthMonitor
 from agent.health.policy import HealthPolicy
-from agent.health.stream import HealthStreamService
 from agent.kube.interfaces import DevicePublisher, EventPoster
 from agent.telemetry.metrics import HEALTH_EVENTS, at_zero
 
@@ -44,14 +43,8 @@ class CountingPump(EventPump):
 
 @dataclass(frozen=True, slots=True)
 class HealthParts:
-    monitor: HealthMonitor
-    service: HealthStreamService
-    #: What GetInfo advertises: the DRAPlugin versions, then the health service versions.
-    supported_versions: tuple[str, ...]
-
-    def plugin_arguments(self) -> dict[str, Any]:
-        """The KubeletPlugin keyword arguments that serve and advertise the health service."""
-        return {"supported_versions": self.supported_versions, "extra_services": [self.service]}
+    monitor: HealthMonitor  # run it in the task group
+    front: HealthFront  # its stream service on the DRA socket, fed by the monitor
 
 
 def build_health(
@@ -67,7 +60,7 @@ def build_health(
     shares: SharesMode | None = None,
     front: HealthFront | None = None,
 ) -> HealthParts:
-    """The health monitor (run it in the task group) and the service for the DRA socket.
+    """The health monitor and its front (the stream service for the DRA socket).
     ``dynamic_mig``, ``shares``: the settings the published devices were built with
     (``--dynamic-mig``, ``--consumable-shares``); ``front``: the service already serving (the
     monitor feeds its hub), else a new one."""
@@ -85,4 +78,4 @@ def build_health(
         dynamic_mig=dynamic_mig,
         shares=shares,
     )
-    return HealthParts(monitor, front.service, front.supported_versions)
+    return HealthParts(monitor, front)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Generic, TypeVar
 
 import anyio
 
@@ -33,45 +32,9 @@ from agent.kube.interfaces import (
     EventType,
     Obj,
 )
+from agent.pending import Pending as Pending  # the API client's, set by agent.api_side
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-class Pending(Generic[T]):
-    """A value that another task provides later, once: :meth:`set` or :meth:`fail`."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self._value: T | None = None
-        self._error: str | None = None
-        self._done = anyio.Event()
-
-    @property
-    def ready(self) -> bool:
-        return self._done.is_set()
-
-    def set(self, value: T) -> None:
-        self._value = value
-        self._done.set()
-
-    def fail(self, why: str) -> None:
-        """It will never come (the waiters get ``why``)."""
-        if not self._done.is_set():
-            self._error = why
-            self._done.set()
-
-    async def wait(self) -> None:
-        """Until it is set or failed."""
-        await self._done.wait()
-
-    async def get(self) -> T:
-        """The value, once set; raises :class:`LookupError` if it failed."""
-        await self._done.wait()
-        if self._value is None:
-            raise LookupError(f"no {self.what}: {self._error}")
-        return self._value
 
 
 class DeferredClaimReader:

@@ -22,6 +22,7 @@ import anyio
 from agent.errors import AgentError
 from agent.kubelet.dra_service import ClaimPreparer
 from agent.node.types import ClaimPrepareResult, ClaimRef
+from agent.pending import Pending
 
 #: How long a call waits for the engine: the kubelet gives a prepare 45 s.
 ENGINE_WAIT_S = 30.0
@@ -37,37 +38,29 @@ class DeferredPreparer:
     def __init__(self, what: str, *, timeout_s: float = ENGINE_WAIT_S) -> None:
         self.what = what  # "the gpu.nvidia.com prepare engine", for the errors
         self.timeout_s = timeout_s
-        self._engine: ClaimPreparer | None = None
-        self._failure: str | None = None
-        self._done = anyio.Event()
-
-    @property
-    def attached(self) -> bool:
-        return self._engine is not None
+        self._engine: Pending[ClaimPreparer] = Pending(what)
 
     def attach(self, engine: ClaimPreparer) -> None:
-        self._engine = engine
-        self._done.set()
+        self._engine.set(engine)
 
     def fail(self, why: str) -> None:
         """The engine will never come: every waiting and later call fails with ``why``."""
-        if not self._done.is_set():
-            self._failure = why
-            self._done.set()
+        self._engine.fail(why)
 
     async def engine(self) -> ClaimPreparer:
         """The engine, once attached (waiting at most ``timeout_s``); raises
         :class:`EngineNotReady`."""
-        if not self._done.is_set():
+        if not self._engine.ready:
             with anyio.move_on_after(self.timeout_s):
-                await self._done.wait()
-        if self._engine is not None:
-            return self._engine
-        if self._failure is not None:
-            raise EngineNotReady(f"{self.what} is not available: {self._failure}")
-        raise EngineNotReady(
-            f"{self.what} is still starting ({self.timeout_s:g} s after the call): retry"
-        )
+                await self._engine.wait()
+            if not self._engine.ready:
+                raise EngineNotReady(
+                    f"{self.what} is still starting ({self.timeout_s:g} s after the call): retry"
+                )
+        try:
+            return await self._engine.get()
+        except LookupError:
+            raise EngineNotReady(f"{self.what} is not available: {self._engine.error}") from None
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimPrepareResult]:
         return await (await self.engine()).prepare(claims)

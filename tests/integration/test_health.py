@@ -31,6 +31,7 @@ async def health(fresh_harness: AgentHarness) -> AsyncIterator[AgentHarness]:
     await fresh_harness.start_agent(args=["--config", str(config)])
     for i in range(8):
         await fresh_harness.kubelet.wait_health(DRIVER, NODE, f"gpu-{i}", HEALTHY, timeout=10)
+    await fresh_harness.wait_slices()  # published: the tests count slice writes from here
     yield fresh_harness
     agent = fresh_harness.agent
     assert agent is not None
