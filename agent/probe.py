@@ -5,7 +5,8 @@ hostPath mounted wrong) or its event loop stuck, and the kubelet then quietly st
 claims and, 30 s later, wipes the node's ResourceSlices. This probe asks what the kubelet asks:
 ``GetInfo`` on the registration socket, then an empty ``NodePrepareResources`` on the DRA
 socket that GetInfo names (an empty request touches no claim and no device, so it is safe to
-send every few seconds). It is meant as the DaemonSet's exec liveness and startup probe, and
+send every few seconds; the agent answers it only once its prepare engine runs, UNAVAILABLE
+before, since its sockets open first). It is meant as the DaemonSet's exec liveness and startup probe, and
 for operators at a shell.
 
 The socket paths come from the same settings as ``gpu-dra-agent run`` (flags, then the

@@ -47,20 +47,26 @@ class DeferredPreparer:
         """The engine will never come: every waiting and later call fails with ``why``."""
         self._engine.fail(why)
 
-    async def engine(self) -> ClaimPreparer:
-        """The engine, once attached (waiting at most ``timeout_s``); raises
-        :class:`EngineNotReady`."""
+    async def engine(self, timeout_s: float | None = None) -> ClaimPreparer:
+        """The engine, once attached (waiting at most ``timeout_s``, by default the
+        constructor's); raises :class:`EngineNotReady`."""
+        bound = self.timeout_s if timeout_s is None else timeout_s
         if not self._engine.ready:
-            with anyio.move_on_after(self.timeout_s):
+            with anyio.move_on_after(bound):
                 await self._engine.wait()
             if not self._engine.ready:
                 raise EngineNotReady(
-                    f"{self.what} is still starting ({self.timeout_s:g} s after the call): retry"
+                    f"{self.what} is still starting ({bound:g} s after the call): retry"
                 )
         try:
             return await self._engine.get()
         except LookupError:
             raise EngineNotReady(f"{self.what} is not available: {self._engine.error}") from None
+
+    async def ready(self, timeout_s: float) -> None:
+        """Once the engine is there (within ``timeout_s``); raises :class:`EngineNotReady`.
+        The DRA service asks this for an empty NodePrepareResources (the ``probe``)."""
+        await self.engine(timeout_s)
 
     async def prepare(self, claims: Sequence[ClaimRef]) -> Mapping[str, ClaimPrepareResult]:
         return await (await self.engine()).prepare(claims)

@@ -56,6 +56,9 @@ SERVICES: dict[str, ModuleType] = {
 #: keeps the memory of one request bounded too: a 4 MiB message holds ~380 000 minimal
 #: claims, at several KB each while they are prepared.
 MAX_CLAIMS_PER_REQUEST = 10_000
+#: How long an empty prepare (the probe's) waits for an engine still starting: less than the
+#: probe's own 5 s, so that it hears why.
+EMPTY_PREPARE_WAIT_S = 2.0
 PREPARE = "NodePrepareResources"
 UNPREPARE = "NodeUnprepareResources"
 
@@ -125,6 +128,8 @@ class DraPluginService:
 
     async def prepare(self, pb: ModuleType, request: Any) -> Any:
         """Answer one NodePrepareResources request of API module ``pb``."""
+        if not request.claims:
+            await self._until_engine_ready()
         screened = _screen(PREPARE, request)
         answers = {
             uid: pb.NodePrepareResourceResponse(error=error)
@@ -160,6 +165,19 @@ class DraPluginService:
                         add(DEVICES_PREPARED, 1, driver=self._driver, type=kind)
         self._count_errors(PREPARE, failed)
         return pb.NodePrepareResourcesResponse(claims=answers)
+
+    async def _until_engine_ready(self) -> None:
+        """An empty prepare (the ``probe``'s: the kubelet never sends one) is answered once the
+        engine takes claims: with the sockets open before the engine
+        (:mod:`agent.kubelet.deferred`), a startup probe that passes says the engine runs, so
+        a rolling update stops the old pod only then. UNAVAILABLE while it is not there."""
+        ready = getattr(self._engine, "ready", None)  # a DeferredPreparer's
+        if ready is None:
+            return
+        try:
+            await ready(EMPTY_PREPARE_WAIT_S)
+        except AgentError as err:
+            raise GRPCError(Status.UNAVAILABLE, str(err)) from None
 
     async def unprepare(self, pb: ModuleType, request: Any) -> Any:
         """Answer one NodeUnprepareResources request of API module ``pb``."""
