@@ -25,6 +25,7 @@ Prepare of one claim (claims of a request one after another, under one lock):
    record ``PrepareCompleted``.
 
 Unprepare of the node's last claim of a domain stops the daemon and removes the node's entry.
+The checkpoint and the claims' CDI specs are the store's (:mod:`agent.imex.channel_store`).
 The steps of both end at the crash points ``ImexCrashPoint`` of ``agent.crash``: the crash
 matrix kills the agent at each and checks that the restart and the kubelet's retry leave one
 daemon, one membership entry and one CDI spec per prepared domain, none otherwise. At
@@ -54,28 +55,26 @@ from opentelemetry import trace
 
 from agent.crash import crash_point
 from agent.dra import cdi as dra_cdi
-from agent.dra.config import ConfigError, parse_allocation
+from agent.dra.config import ConfigError
 from agent.errors import AgentError
-from agent.hardware.hostfiles import HostFiles
 from agent.imex import channel_checkpoint, metrics
-from agent.imex.cdi import CHANNELS_MAJOR_NAME, channel_spec, channels_for
+from agent.imex.cdi import channels_for
 from agent.imex.channel_checkpoint import (
-    CHECKPOINT_FILE,
     COMPLETED,
     STARTED,
     ChannelClaim,
 )
-from agent.imex.config import DRIVER, AllocationMode, channel_config_for
+from agent.imex.channel_store import ChannelStore
+from agent.imex.claim_check import channel_request
+from agent.imex.config import DRIVER
 from agent.imex.daemon import ImexDaemon
-from agent.imex.daemon_files import sweep_domains
 from agent.imex.domains import DomainApi, DomainError, DomainRef, domain_ref
 from agent.imex.fabric import CHANNEL_DEVICE, Clique
 from agent.imex.follower import DomainFollower
 from agent.imex.membership import Membership, StatusMembership
 from agent.imex.refusals import ChannelRefused, status_write
 from agent.kube.claims import ClaimReader
-from agent.node.cdi import CdiSpecDirectory
-from agent.node.durable import NodeLock, clean_temporaries
+from agent.node.durable import NodeLock
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.telemetry.tracing import tracer
 
@@ -113,15 +112,12 @@ class ChannelEngine:
         self.daemon = daemon
         self.ready_timeout_s = ready_timeout_s
         self._follow_interval = follow_interval_s
-        self._host = HostFiles(Path(host_root))
         self._reader = claim_reader
         self._domains = domains
         self._members = membership or StatusMembership(domains)
-        self._specs = CdiSpecDirectory(Path(cdi_root), DRIVER)
-        self._path = self.plugin_dir / CHECKPOINT_FILE
+        self._store = ChannelStore(self.plugin_dir, Path(cdi_root), Path(host_root))
         self._node_lock = NodeLock(self.plugin_dir / LOCK_FILE)
         self._lock = anyio.Lock()
-        self.claims: dict[str, ChannelClaim] = {}
         self._follower = DomainFollower(
             node_name=node_name,
             node_ip=node_ip,
@@ -143,16 +139,7 @@ class ChannelEngine:
         ``run`` (module docstring)."""
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         async with self._node_lock:
-            await anyio.to_thread.run_sync(clean_temporaries, self.plugin_dir)
-            self.claims = await anyio.to_thread.run_sync(self._load)
-            for claim in self.claims.values():
-                if claim.state == COMPLETED:
-                    await anyio.to_thread.run_sync(self._write_spec, claim)
-            owned = {uid for uid, c in self.claims.items() if c.state == COMPLETED}
-            for uid in self._specs.claim_uids() - owned:
-                self._specs.remove_claim(uid)
-            served = {c.domain_uid for c in self.claims.values()}
-            await anyio.to_thread.run_sync(sweep_domains, self.daemon.domains_dir, served)
+            await self._store.recover(self.daemon.domains_dir)
         domain = self._served()
         if domain is not None:
             log.info(
@@ -242,31 +229,14 @@ class ChannelEngine:
         dra_cdi.validate_claim_uid(ref.uid)
         known = self.claims.get(ref.uid)
         if known is not None and known.state == COMPLETED:
-            await anyio.to_thread.run_sync(self._write_spec, known)
+            await self._store.write_spec(known)
             if self.daemon.status.domain != known.domain_uid:
                 await self._configure(known.domain)
             return self._answer(known)
         subject = f"ResourceClaim {ref.namespace}/{ref.name} ({ref.uid})"
         claim = await self._reader.read(ref.namespace, ref.name)
-        if (claim.get("metadata") or {}).get("uid") != ref.uid:
-            raise ChannelRefused(f"{subject} got replaced: the API server has another uid")
-        allocation = (claim.get("status") or {}).get("allocation")
-        if not isinstance(allocation, dict):
-            raise ChannelRefused(f"{subject} is not allocated")
-        results, configs = parse_allocation(allocation)
-        ours = [r for r in results if r.driver == DRIVER and r.pool == self.node_name]
-        if not ours:
-            raise ChannelRefused(f"{subject} has no {DRIVER} device in pool {self.node_name}")
-        if any(r.device != CHANNEL_DEVICE for r in ours):
-            raise ChannelRefused(
-                f"{subject}: devices {', '.join(r.device for r in ours)} do not exist on this "
-                f"node (it publishes only {CHANNEL_DEVICE})"
-            )
-        if self.clique.clique is None:
-            raise ChannelRefused(
-                f"{subject}: this node cannot join a ComputeDomain: {self.clique.reason}"
-            )
-        config = channel_config_for(ours[0], configs, f"{ref.namespace}/{ref.name}")
+        asked = channel_request(claim, ref, self.node_name, self.clique)
+        config, clique = asked.config, asked.clique
         domain = domain_ref(await self._domains.find(ref.namespace, config.domain_id))
         for other in self.claims.values():
             if other.domain_uid != domain.uid:
@@ -276,10 +246,10 @@ class ChannelEngine:
                     f"serves one ComputeDomain at a time: {domain} must use other nodes"
                 )
         entry = ChannelClaim(
-            ref.uid, ref.namespace, ref.name, ours[0].base_request,
+            ref.uid, ref.namespace, ref.name, asked.request,
             domain.namespace, domain.name, domain.uid, str(config.allocation_mode), STARTED,
         )  # fmt: skip
-        await self._record(entry)
+        await self._store.record(entry)
         crash_point("after-channel-prepare-started")
         with tracer().start_as_current_span("imex.channel.attach") as span:
             channels = channels_for(config.allocation_mode)
@@ -287,7 +257,7 @@ class ChannelEngine:
                 {
                     "imex.domain.uid": domain.uid,
                     "imex.domain.name": f"{domain.namespace}/{domain.name}",
-                    "imex.clique": self.clique.clique,
+                    "imex.clique": clique,
                     "imex.channels": len(channels),
                     "imex.allocation_mode": str(config.allocation_mode),
                 }
@@ -296,9 +266,7 @@ class ChannelEngine:
                 status_write(subject, domain, "joining it"),
                 tracer().start_as_current_span("imex.domain.join") as join_span,
             ):
-                result = await self._members.join(
-                    domain, self.node_name, self.node_ip, self.clique.clique
-                )
+                result = await self._members.join(domain, self.node_name, self.node_ip, clique)
                 join_span.set_attributes(
                     {
                         "attempts": result.attempts,
@@ -314,7 +282,7 @@ class ChannelEngine:
                 await self._domains.event(
                     domain, "Normal", "NodeJoined",
                     f"node {self.node_name} joined with index {joined.index} ({self.node_ip}, "
-                    f"clique {self.clique.clique})",
+                    f"clique {clique})",
                 )  # fmt: skip
             await self._configure(domain)
             with tracer().start_as_current_span("imex.daemon.wait_ready") as wait:
@@ -328,9 +296,9 @@ class ChannelEngine:
                 await self._report(domain, True, said)
             crash_point("after-domain-ready")
             entry = ChannelClaim(**{**asdict(entry), "state": COMPLETED})
-            await anyio.to_thread.run_sync(self._write_spec, entry)
+            await self._store.write_spec(entry)
             crash_point("after-channel-cdi-write")
-            await self._record(entry)
+            await self._store.record(entry)
             crash_point("after-channel-prepare-completed")
         return self._answer(entry)
 
@@ -396,11 +364,9 @@ class ChannelEngine:
                 )
             crash_point("channel-unprepare-after-domain-leave")
             self._follower.forget()
-        await anyio.to_thread.run_sync(self._specs.remove_claim, entry.uid)
+        await self._store.remove_spec(entry.uid)
         crash_point("channel-unprepare-after-cdi-remove")
-        claims = {uid: c for uid, c in self.claims.items() if uid != entry.uid}
-        await anyio.to_thread.run_sync(self._save, claims)
-        self.claims = claims
+        await self._store.forget(entry.uid)
 
     # -- following the served domain ------------------------------------------------------
 
@@ -419,31 +385,10 @@ class ChannelEngine:
             except DomainError as error:
                 log.warning("the served ComputeDomain is gone: %s", error)
 
-    # -- the checkpoint -------------------------------------------------------------------
-
-    async def _record(self, entry: ChannelClaim) -> None:
-        claims = {**self.claims, entry.uid: entry}
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(self._save, claims)
-        self.claims = claims
-
-    def _save(self, claims: dict[str, ChannelClaim]) -> None:
-        channel_checkpoint.save(self._path, claims)
-
-    def _load(self) -> dict[str, ChannelClaim]:
-        return channel_checkpoint.load(self._path)
-
-    def _write_spec(self, entry: ChannelClaim) -> None:
-        major = self._host.device_majors().get(CHANNELS_MAJOR_NAME)
-        if major is None:
-            raise ChannelRefused(
-                f"no {CHANNELS_MAJOR_NAME} line in {self._host.root}/proc/devices: the NVIDIA "
-                "driver offers no IMEX channels (is NVreg_ImexChannelCount 0?)"
-            )
-        spec = channel_spec(
-            DRIVER, entry.uid, CHANNEL_DEVICE, channels_for(AllocationMode(entry.mode)), major
-        )
-        self._specs.ensure(self._specs.claim_path(entry.uid), spec)
+    @property
+    def claims(self) -> dict[str, ChannelClaim]:
+        """The checkpoint's entries (:class:`agent.imex.channel_store.ChannelStore`)."""
+        return self._store.claims
 
 
 def served_claims(engine: ChannelEngine) -> dict[str, Any]:
