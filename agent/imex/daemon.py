@@ -1,17 +1,9 @@
 """The node's IMEX daemon: rendered config, a supervised process, readiness, adoption.
 
 One node serves one ComputeDomain at a time, so the agent runs at most one daemon. Its files
-live in ``<plugins-dir>/compute-domain.nvidia.com/domains/<domain uid>/``:
-
-- ``imexd.cfg``: the daemon's settings (``KEY=VALUE``), naming the node list file, the
-  address this node's daemon binds and the ports;
-- ``nodes_config.cfg``: the addresses of the domain's nodes in this node's clique, one a line,
-  in index order;
-- ``imex.pid``: the running daemon's pid (for people and tools);
-- ``imex.started.json``: the record of the running daemon: its pid and the SHA-256 of the two
-  config files it was started with (written right after the start, before ``imex.pid``);
-- ``imex.log``: what the daemon prints (stdout and stderr). A file, not a pipe to the agent:
-  a daemon writing into a pipe whose reader died with the agent would die of ``SIGPIPE``.
+(the rendered config, the pid file, the start record, ``imex.log``) are those of
+:mod:`agent.imex.daemon_files`; its process, a child or an adopted one, is watched through
+:mod:`agent.imex.daemon_process`.
 
 :class:`ImexDaemon` starts the daemon (``--imex-daemon-cmd -c imexd.cfg``) in a session of its
 own, so that it outlives the agent: every line it prints goes into the agent's log (the agent
@@ -25,9 +17,8 @@ left running when the caller says a completed claim still holds the domain (``co
 adopt=True)``), the rendered config is unchanged and the record names that daemon with the
 digest of that config: the daemon found in ``/proc`` by its command line (ending with ``-c
 <this directory>/imexd.cfg``; not by ``imex.pid``, which a kill right after the start has not
-written yet) is then watched without being the agent's child (a pidfd on the event loop, a
-check of ``/proc`` every :data:`POLL_S` where the kernel has none), its readiness reported
-and ``imex.log`` followed from its current end as before; if it dies it is restarted with
+written yet) is then watched without being the agent's child, its readiness reported and
+``imex.log`` followed from its current end as before; if it dies it is restarted with
 backoff, and it is stopped on the last unprepare. A daemon restart would disrupt the IMEX
 domain of running multi-node jobs, which an agent restart must not do. Otherwise (no
 completed claim, a changed config: the domain's nodes changed while no agent ran, no record
@@ -40,22 +31,15 @@ to adopt, and stopped otherwise. During a rolling upgrade whose instances see ea
 processes, both watch the one daemon; when one restarts it for a changed config, the other,
 seeing its daemon exit, adopts the new one (the one daemon of the directory whose record has
 the config on disk) rather than replacing it.
-
-The files, the start record and the ``/proc`` scan are :mod:`agent.imex.daemon_files`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
-import signal
 import subprocess
 from collections import deque
 from collections.abc import Callable, Sequence
-from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -65,59 +49,30 @@ from agent.crash import crash_point
 from agent.imex.daemon_files import (
     CONFIG_FILE,
     LOG_FILE,
-    PID_FILE,
-    STARTED_FILE,
     STOP_GRACE_S,
     adoptable,
     config_digest,
-    digest_on_disk,
     end_of_lines,
+    ensure_pid_file,
     forget,
-    is_daemon_of,
     kill_leftover,
     leftover_daemons,
-    read_from,
-    read_text,
+    record_start,
     recorded_daemon,
     render_config,
 )
+from agent.imex.daemon_process import DaemonStatus as DaemonStatus  # the metrics' record
+from agent.imex.daemon_process import LogFollower, Running, adopted, exited, spawn, terminate
 from agent.node.durable import write_atomic
 
 log = logging.getLogger(__name__)
 
 #: How often the agent reads new lines of ``imex.log``.
 FOLLOW_INTERVAL_S = 0.1
-#: How often an adopted daemon is checked where the kernel has no pidfd.
-POLL_S = 0.5
 QUERY_TIMEOUT_S = 5.0
 BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 STABLE_S = 60.0
-
-
-@dataclass
-class DaemonStatus:
-    domain: str | None = None
-    state: str = "stopped"  # stopped | starting | running | backoff
-    restarts: int = 0
-    pid: int | None = None
-    last_exit: str = ""
-    #: the running daemon is one a previous agent started (not this process's child)
-    adopted: bool = False
-
-
-@dataclass(frozen=True)
-class _Running:
-    """The daemon being watched: this process's child, or an adopted one (``child`` None)."""
-
-    pid: int
-    directory: Path
-    child: subprocess.Popen[bytes] | None
-
-    def alive(self) -> bool:
-        if self.child is not None:
-            return self.child.poll() is None
-        return is_daemon_of(self.pid, self.directory)
 
 
 class ImexDaemon:
@@ -147,7 +102,7 @@ class ImexDaemon:
         self._wake = anyio.Event()
         self._stopped = anyio.Event()
         self._stopped.set()
-        self._running: _Running | None = None
+        self._running: Running | None = None
         #: (domain, pid) of a leftover daemon to adopt instead of starting one
         self._adopt: tuple[str, int] | None = None
 
@@ -351,21 +306,10 @@ class ImexDaemon:
             sibling = await anyio.to_thread.run_sync(recorded_daemon, directory)
             if sibling is not None:
                 adopt = (domain, sibling)
-        running: _Running | None = None
-        if adopt is not None and adopt[0] == domain:
-            candidate = _Running(adopt[1], directory, None)
-            if candidate.alive():
-                running = candidate
-            else:
-                log.warning(
-                    "the IMEX daemon pid %d of ComputeDomain %s exited before it was adopted",
-                    adopt[1],
-                    domain,
-                )
+        running = adopted(adopt[1], directory) if adopt is not None and adopt[0] == domain else None
         if running is not None:
             start = await anyio.to_thread.run_sync(end_of_lines, log_path)
-            if read_text(directory / PID_FILE).strip() != str(running.pid):
-                write_atomic(directory / PID_FILE, f"{running.pid}\n".encode())
+            ensure_pid_file(directory, running.pid)
             self._running = running
             self.status.pid, self.status.adopted = running.pid, True
             log.info(
@@ -390,9 +334,7 @@ class ImexDaemon:
             running, child = spawned, spawned.child
             assert child is not None
             crash_point("after-imex-daemon-spawn")
-            record = {"pid": child.pid, "config_sha256": digest}
-            write_atomic(directory / STARTED_FILE, json.dumps(record).encode())
-            write_atomic(directory / PID_FILE, f"{child.pid}\n".encode())
+            record_start(directory, child.pid, digest)
             crash_point("after-imex-daemon-start")
             self.status.pid, self.status.adopted = child.pid, False
             self._set("running", "start")
@@ -403,28 +345,12 @@ class ImexDaemon:
             )
         pid = running.pid
 
-        def say(lines: list[bytes]) -> None:
-            for line in lines:
-                text = line.decode(errors="replace").rstrip()
-                if text:
-                    self.output.append(text)
-                    log.info("imex: %s", text, extra={"domain": domain, "pid": pid})
+        def say(text: str) -> None:
+            self.output.append(text)
+            log.info("imex: %s", text, extra={"domain": domain, "pid": pid})
 
-        read = [start]  # offset of the first byte not yet logged (a whole line)
-
-        def follow() -> None:
-            chunk = read_from(log_path, read[0])
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            read[0] += len(complete)
-            say(complete.split(b"\n"))
-
+        output = LogFollower(log_path, start, say)
         async with anyio.create_task_group() as group:
-
-            async def pump() -> None:
-                """Follow ``imex.log`` from where this daemon started (or was adopted)."""
-                while True:
-                    await anyio.to_thread.run_sync(follow)
-                    await anyio.sleep(FOLLOW_INTERVAL_S)
 
             async def changed() -> None:
                 while generation == self._generation:
@@ -432,11 +358,11 @@ class ImexDaemon:
                     await self._wake.wait()
                 await self._terminate()
 
-            group.start_soon(pump)
+            group.start_soon(output.run, FOLLOW_INTERVAL_S)
             group.start_soon(changed)
-            await _exited(running)
+            await exited(running)
             group.cancel_scope.cancel()
-        await anyio.to_thread.run_sync(follow)  # its last words
+        await anyio.to_thread.run_sync(output.follow)  # its last words
         self._running = None
         self.status.pid, self.status.adopted = None, False
         forget(directory, running.pid)
@@ -449,69 +375,16 @@ class ImexDaemon:
 
     async def _terminate(self) -> None:
         """SIGTERM to the watched daemon, SIGKILL after ``STOP_GRACE_S``; until it is gone."""
-        running = self._running
-        if running is None or not running.alive():
-            return
-        _signal(running, signal.SIGTERM)
-        with anyio.move_on_after(STOP_GRACE_S):
-            await _exited(running)
-            return
-        _signal(running, signal.SIGKILL)
-        await _exited(running)
+        if self._running is not None:
+            await terminate(self._running)
 
-    def _spawn(self, command: list[str], log_path: Path) -> tuple[_Running, int, str]:
-        """Start the daemon in a session of its own, its output appended to ``imex.log``
-        (a worker thread): the process (watched from here on, also when the caller is
-        cancelled meanwhile), the log's offset before it wrote, the digest of its config."""
-        directory = log_path.parent
-        digest = digest_on_disk(directory)
-        with log_path.open("ab") as output:  # the child keeps its own descriptor
-            start = output.tell()
-            child = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # outlives the agent; no terminal signal reaches it
-            )
-        running = self._running = _Running(child.pid, directory, child)
+    def _spawn(self, command: list[str], log_path: Path) -> tuple[Running, int, str]:
+        """Start the daemon (a worker thread); watched from here on, also when the caller is
+        cancelled meanwhile."""
+        running, start, digest = spawn(command, log_path)
+        self._running = running
         return running, start, digest
 
     def _set(self, state: str, reason: str) -> None:
         self.status.state = state
         self._on_change(self.status, reason)
-
-
-def _signal(running: _Running, number: signal.Signals) -> None:
-    if running.child is not None:
-        running.child.send_signal(number)  # not once it has been reaped: no pid reuse
-        return
-    if not running.alive():
-        return
-    try:
-        os.killpg(running.pid, number)  # the daemon leads its session and process group
-    except (ProcessLookupError, PermissionError):
-        with suppress(ProcessLookupError):
-            os.kill(running.pid, number)
-
-
-async def _exited(running: _Running) -> None:
-    """Return once the daemon does not run (at once if it does not now): a pidfd on the
-    event loop, readable once the process has exited; a check every :data:`POLL_S` where
-    the kernel has no pidfd."""
-    try:
-        pidfd: int | None = os.pidfd_open(running.pid)
-    except ProcessLookupError:
-        pidfd = None  # gone (an exited child is still a zombie here)
-    except OSError:  # no pidfd (an old kernel, or not permitted): poll
-        pidfd = -1
-    try:
-        if pidfd is not None and running.alive():
-            if pidfd >= 0:
-                await anyio.wait_readable(pidfd)
-            else:
-                while running.alive():  # noqa: ASYNC110 - a process no event tells of
-                    await anyio.sleep(POLL_S)
-    finally:
-        if pidfd is not None and pidfd >= 0:
-            os.close(pidfd)

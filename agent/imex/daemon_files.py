@@ -6,6 +6,18 @@ with) that adoption checks; ``imex.log`` read from an offset; and the ``/proc`` 
 finds a directory's daemons by their command line, for adoption and for the sweep of
 daemons a previous agent left. Plain files and ``/proc``, no event loop:
 :mod:`agent.imex.daemon` supervises the process itself.
+
+A daemon's files live in ``<plugins-dir>/compute-domain.nvidia.com/domains/<domain uid>/``:
+
+- ``imexd.cfg``: the daemon's settings (``KEY=VALUE``), naming the node list file, the
+  address this node's daemon binds and the ports;
+- ``nodes_config.cfg``: the addresses of the domain's nodes in this node's clique, one a line,
+  in index order;
+- ``imex.pid``: the running daemon's pid (for people and tools);
+- ``imex.started.json``: the record of the running daemon: its pid and the SHA-256 of the two
+  config files it was started with (written right after the start, before ``imex.pid``);
+- ``imex.log``: what the daemon prints (stdout and stderr). A file, not a pipe to the agent:
+  a daemon writing into a pipe whose reader died with the agent would die of ``SIGPIPE``.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from agent.node.durable import clean_temporaries
+from agent.node.durable import clean_temporaries, write_atomic
 
 log = logging.getLogger("agent.imex.daemon")
 
@@ -238,3 +250,18 @@ def sweep_domains(domains_dir: Path, served: set[str]) -> None:
                 stopped or "none",
             )
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def record_start(directory: Path, pid: int, digest: str) -> None:
+    """The start record (the pid and its config's digest, which adoption checks), then the
+    pid file."""
+    write_atomic(
+        directory / STARTED_FILE, json.dumps({"pid": pid, "config_sha256": digest}).encode()
+    )
+    write_atomic(directory / PID_FILE, f"{pid}\n".encode())
+
+
+def ensure_pid_file(directory: Path, pid: int) -> None:
+    """The pid file names ``pid`` (an adopted daemon's, if a kill came before it was written)."""
+    if read_text(directory / PID_FILE).strip() != str(pid):
+        write_atomic(directory / PID_FILE, f"{pid}\n".encode())
