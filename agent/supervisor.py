@@ -175,9 +175,14 @@ class Supervisor:
         try:
             await self._start_node(stack, group, plugin, preparer, front, channels)
         except BaseException as err:
+            why = (
+                "the agent stopped before its engine started"
+                if isinstance(err, anyio.get_cancelled_exc_class())
+                else f"the agent failed to start: {err!r}"
+            )
             for waiting in (preparer, channels):
                 if waiting is not None:
-                    waiting.fail(f"the agent failed to start: {err!r}")
+                    waiting.fail(why)  # calls waiting for an engine get this at once
             raise
 
     async def _start_node(
