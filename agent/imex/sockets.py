@@ -1,10 +1,10 @@
 """The compute-domain driver's kubelet sockets, opened before the agent reaches the API server.
 
 The kubelet gives a plugin's first GetInfo one second, and on a ComputeDomain node it waits
-for both drivers. Whether this node serves ``compute-domain.nvidia.com`` is decided from the
-hardware alone (``--compute-domains`` and the GPUs' fabric clique), so its registration and
-DRA sockets open as early as the GPU driver's, with a :class:`DeferredChannelPreparer` in
-place of the channel engine; :func:`agent.imex.wiring.serve_compute_domains` builds the engine
+for both drivers. Whether this node serves ``compute-domain.nvidia.com`` needs no API server:
+with ``--compute-domains on`` the sockets open right after the GPU driver's, before the GPUs
+are discovered; with ``auto`` once the GPUs' fabric clique is known. Either way a
+:class:`DeferredChannelPreparer` stands in for the channel engine; :func:`agent.imex.wiring.serve_compute_domains` builds the engine
 once the API client exists (the node's IMEX address, the domains and their membership need
 it) and attaches it. A prepare that arrives in between waits for the engine, within a bound
 (:mod:`agent.kubelet.deferred`).
