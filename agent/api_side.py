@@ -22,8 +22,8 @@ import anyio
 
 from agent.config import AgentConfig
 from agent.health.policy import HealthPolicy
-from agent.kube.deferred import Pending
 from agent.kube.interfaces import ClaimReader, EventPoster
+from agent.pending import Pending
 
 log = logging.getLogger("agent.supervisor")
 
@@ -96,7 +96,8 @@ async def _connect(
     stack.push_async_callback(claim_reader.close)  # before the client it borrows from
     pending_reader.set(claim_reader)
     node_uid = await node_uid_of(api_client, config.node_name, timeout)
-    health_policy = await health_policy_for_server(api_client, config.health, timeout)
+    version = await server_version(api_client, timeout)  # one read for both uses below
+    health_policy = policy_for_version(config.health, version)
     events = ApiEventPoster(
         api_client,
         config.node_name,
@@ -104,27 +105,37 @@ async def _connect(
         timeout_s=min(timeout, EVENT_TIMEOUT_S),  # best effort: never held longer
     )
     slice_layout = "split"
-    if config.dynamic_mig:
-        slice_layout = await slice_layout_for_server(api_client, config.slice_layout, timeout)
+    if config.dynamic_mig:  # --slice-layout: auto is the layout the server's version accepts
+        from agent.dra.slices import layout_for_version
+
+        slice_layout = (
+            layout_for_version(version) if config.slice_layout == "auto" else config.slice_layout
+        )
     return ApiSide(api_client, claim_reader, events, node_uid, health_policy, slice_layout)
 
 
-async def health_policy_for_server(
-    api_client: Any, policy: HealthPolicy, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
-) -> HealthPolicy:
-    """``policy`` with the ``unmonitored`` taint effect the API server accepts (``None`` from
-    1.35 on, else ``NoSchedule``; an unreadable version gets ``NoSchedule``, valid everywhere)."""
-    from agent.health.policy import unmonitored_effect_for
+async def server_version(
+    api_client: Any, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> tuple[int, int] | None:
+    """The API server's (major, minor), read once at start (best effort: None, logged, when
+    unreadable within :data:`NODE_LOOKUP_TIMEOUT`)."""
     from agent.kube.rawapi import RawSliceApi
 
-    version: tuple[int, int] | None = None
     try:
         with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            version = await RawSliceApi(
+            return await RawSliceApi(
                 api_client, request_timeout=api_timeout_s
             ).read_server_version()
-    except Exception as err:  # best effort: the safe effect is valid on every version
+    except Exception as err:  # best effort: each use has a choice valid on every version
         log.warning("could not read the API server's version: %s", err)
+        return None
+
+
+def policy_for_version(policy: HealthPolicy, version: tuple[int, int] | None) -> HealthPolicy:
+    """``policy`` with the ``unmonitored`` taint effect the API server accepts (``None`` from
+    1.35 on, else ``NoSchedule``; an unknown version gets ``NoSchedule``, valid everywhere)."""
+    from agent.health.policy import unmonitored_effect_for
+
     effect = unmonitored_effect_for(version)
     log.info(
         "API server %s: the unmonitored taint's effect is %s",
@@ -134,25 +145,11 @@ async def health_policy_for_server(
     return dataclasses.replace(policy, unmonitored_effect=effect)
 
 
-async def slice_layout_for_server(
-    api_client: Any, configured: str, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
-) -> str:
-    """``--slice-layout``: as configured, or for ``auto`` the layout the API server's version
-    accepts (``combined`` on 1.34, ``split`` from 1.35; ``split`` when unreadable)."""
-    from agent.dra.slices import layout_for_version
-    from agent.kube.rawapi import RawSliceApi
-
-    if configured != "auto":
-        return configured
-    version: tuple[int, int] | None = None
-    try:
-        with anyio.fail_after(NODE_LOOKUP_TIMEOUT):
-            version = await RawSliceApi(
-                api_client, request_timeout=api_timeout_s
-            ).read_server_version()
-    except Exception as err:
-        log.warning("could not read the API server's version for the slice layout: %s", err)
-    return layout_for_version(version)
+async def health_policy_for_server(
+    api_client: Any, policy: HealthPolicy, api_timeout_s: float = NODE_LOOKUP_TIMEOUT
+) -> HealthPolicy:
+    """:func:`policy_for_version` of the server's version."""
+    return policy_for_version(policy, await server_version(api_client, api_timeout_s))
 
 
 async def node_uid_of(

@@ -74,13 +74,10 @@ async def start_engine(
     from agent.dra import build_devices
     from agent.dra.shares import parse_mode
     from agent.hardware.discovery import discover, nvml_session
-    from agent.kube.deferred import (
-        DeferredClaimReader,
-        DeferredEventPoster,
-        Pending,
-    )
+    from agent.kube.deferred import DeferredClaimReader, DeferredEventPoster
     from agent.kube.interfaces import ClaimReader
     from agent.node.engine import PrepareEngine
+    from agent.pending import Pending
 
     session = await stack.enter_async_context(nvml_session(config.simulate, config.host_root))
     inventory = await discover(session.nvml, config.host_root)

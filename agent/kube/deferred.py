@@ -32,7 +32,7 @@ from agent.kube.interfaces import (
     EventType,
     Obj,
 )
-from agent.pending import Pending as Pending  # the API client's, set by agent.api_side
+from agent.pending import Pending
 
 log = logging.getLogger(__name__)
 

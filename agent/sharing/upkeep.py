@@ -11,7 +11,7 @@ module stays readable in one sitting.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import anyio
@@ -35,9 +35,8 @@ class DaemonUpkeep:
     _daemons: MpsDaemons
     _maintain: Maintain | None
     supervisor: DaemonSupervisor
-
-    def _rebuild_settings(self, checkpoint: cp.Checkpoint) -> set[str]:
-        raise NotImplementedError  # the effector's: the per-GPU settings of the checkpoint
+    #: the effector's method: the per-GPU settings rebuilt from the checkpoint
+    _rebuild_settings: Callable[[cp.Checkpoint], set[str]]
 
     # -- while the engine serves (``effectors.MaintainingEffector``) -----------------------
 

@@ -357,12 +357,14 @@ async def start_controller(cluster: Cluster) -> None:
 
 @contextlib.asynccontextmanager
 async def running_cluster(
-    workdir: Path, nodes: Mapping[str, tuple[str, str]]
+    workdir: Path, nodes: Mapping[str, tuple[str, str]], *, max_in_flight: int | None = None
 ) -> AsyncIterator[Cluster]:
     """The API server with the device classes, the controller and a started agent on each of
     ``nodes`` (name -> (profile, InternalIP)); at the end the agents, the IMEX daemons a
-    stopped agent left (a failed test's) and the controller are stopped."""
-    async with EmbeddedApiServer() as server, contextlib.AsyncExitStack() as stack:
+    stopped agent left (a failed test's) and the controller are stopped. ``max_in_flight``:
+    the API server's limit (429 beyond it), else none."""
+    options = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
+    async with EmbeddedApiServer(**options) as server, contextlib.AsyncExitStack() as stack:
         for device_class in default_device_classes():
             server.put_object(device_class)
         cluster = Cluster(workdir, server)

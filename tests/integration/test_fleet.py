@@ -19,7 +19,6 @@ import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,6 @@ import pytest
 from agent.imex.cliques import DOMAIN_LABEL, clique_name, daemon_entries
 from agent.imex.daemon_files import CONFIG_FILE, NODES_FILE
 from agent.imex.domains import node_entries
-from agent.sim.apiserver import EmbeddedApiServer
-from agent.sim.deviceclasses import default_device_classes
 from agent.sim.kubelet import ClaimRef, DraCallError, DriverNotRegisteredError
 from agent.sim.racks import rack_clique, rack_profile, tray_address
 from tests.integration.compute_domains import (
@@ -39,8 +36,7 @@ from tests.integration.compute_domains import (
     Node,
     eventually,
     imex_daemons,
-    start_controller,
-    stop_all,
+    running_cluster,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -69,23 +65,13 @@ def rack_of(node: Node) -> int:
 
 @pytest.fixture(scope="module")
 async def fleet(workdir: Path) -> AsyncIterator[Cluster]:
-    async with EmbeddedApiServer(max_in_flight=MAX_IN_FLIGHT) as server, AsyncExitStack() as stack:
-        for device_class in default_device_classes():
-            server.put_object(device_class)
-        cluster = Cluster(workdir, server)
-        try:
-            for rack in range(RACKS):
-                profile = str(rack_profile(workdir / "profiles", rack))
-                for tray in range(TRAYS):
-                    name, address = f"tray-r{rack}-t{tray}", tray_address(rack, tray)
-                    await stack.enter_async_context(cluster.node(name, profile, address))
-            await start_controller(cluster)
-            async with anyio.create_task_group() as group:
-                for node in cluster.nodes.values():
-                    group.start_soon(cluster.start, node)
-            yield cluster
-        finally:
-            await stop_all(cluster)
+    nodes = {}
+    for rack in range(RACKS):
+        profile = str(rack_profile(workdir / "profiles", rack))
+        for tray in range(TRAYS):
+            nodes[f"tray-r{rack}-t{tray}"] = (profile, tray_address(rack, tray))
+    async with running_cluster(workdir, nodes, max_in_flight=MAX_IN_FLIGHT) as cluster:
+        yield cluster
 
 
 def cliques_of(cluster: Cluster, uid: str) -> dict[str, dict[str, Any]]:
