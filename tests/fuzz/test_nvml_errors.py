@@ -176,7 +176,9 @@ DISCOVERY_GPUS = (0, 4, 6)
 def trimmed_dgx_a100(folder: Path) -> Path:
     """dgx-a100 with the GPUs of ``DISCOVERY_GPUS`` only, as a profile file in ``folder``."""
     document = yamlload.safe_load(
-        resources.files("agent.hardware.simulated").joinpath("profiles", "dgx-a100.yaml").read_text()
+        resources.files("agent.hardware.simulated")
+        .joinpath("profiles", "dgx-a100.yaml")
+        .read_text()
     )
     document["gpus"] = [g for g in document["gpus"] if g["index"] in DISCOVERY_GPUS]
     for position, gpu in enumerate(document["gpus"]):
