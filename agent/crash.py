@@ -39,6 +39,10 @@ EngineCrashPoint = Literal[
 #: The steps of making a dynamic MIG device (``agent.mig``): its intent is durable, its GPU
 #: instance exists, its compute instance exists.
 MigCrashPoint = Literal["after-mig-intent", "after-gpu-instance", "after-compute-instance"]
+#: The steps of a MIG placement shared by several claims (``--consumable-shares``): a further
+#: share found the instance its first share made (nothing made, its intent durable); a
+#: share's unprepare let go of an instance another share still uses (kept, spec not removed).
+MigShareCrashPoint = Literal["after-mig-share-attach", "after-mig-share-release"]
 #: The steps of sharing a device (``agent.sharing``): the GPU's compute mode (and time-slice)
 #: changed, an MPS control daemon started (its pid recorded), a KEP-5075 share's daemon
 #: ready with its memory limit (``--consumable-shares``).
@@ -74,6 +78,7 @@ ImexCrashPoint = Literal[
 CrashPoint = Literal[
     EngineCrashPoint,
     MigCrashPoint,
+    MigShareCrashPoint,
     SharingCrashPoint,
     DurableCrashPoint,
     PublishCrashPoint,
@@ -81,6 +86,7 @@ CrashPoint = Literal[
 ]
 CRASH_POINTS: Final[tuple[EngineCrashPoint, ...]] = get_args(EngineCrashPoint)
 MIG_CRASH_POINTS: Final[tuple[MigCrashPoint, ...]] = get_args(MigCrashPoint)
+MIG_SHARE_CRASH_POINTS: Final[tuple[MigShareCrashPoint, ...]] = get_args(MigShareCrashPoint)
 SHARING_CRASH_POINTS: Final[tuple[SharingCrashPoint, ...]] = get_args(SharingCrashPoint)
 DURABLE_CRASH_POINTS: Final[tuple[DurableCrashPoint, ...]] = get_args(DurableCrashPoint)
 PUBLISH_CRASH_POINTS: Final[tuple[PublishCrashPoint, ...]] = get_args(PublishCrashPoint)
@@ -88,6 +94,7 @@ IMEX_CRASH_POINTS: Final[tuple[ImexCrashPoint, ...]] = get_args(ImexCrashPoint)
 ALL_CRASH_POINTS: Final[tuple[CrashPoint, ...]] = (
     *CRASH_POINTS,
     *MIG_CRASH_POINTS,
+    *MIG_SHARE_CRASH_POINTS,
     *SHARING_CRASH_POINTS,
     *DURABLE_CRASH_POINTS,
     *PUBLISH_CRASH_POINTS,

@@ -16,11 +16,13 @@ are the incumbent's (nvidia-driver-facts.md, ConsumableShares):
 
 Every other capacity (a MIG device's multiprocessors, engines and memory slices) gets a
 policy whose default is 0: without one, a share that names nothing would take all of it (the
-API's rule), and a MIG device would hold one share only. Full GPUs and static MIG devices are
-shared; devices that consume counters (``--dynamic-mig``
-placements and their full GPUs) are not, because a share of a MIG instance made on prepare
-would need the instance to outlive its maker. Memory is rounded down to the step, so the
-default and the maximum are multiples of it, as the API server requires.
+API's rule), and a MIG device would hold one share only. Every device with memory is shared:
+full GPUs, static MIG devices and, with ``--dynamic-mig``, the MIG placements and full GPUs
+that consume a GPU's shared counters. A share of a placement uses the one instance made for
+its first share: the counters are consumed once while any share of the device is allocated
+(``agent.dra.allocator``), the agent makes the instance for the first share and destroys it
+with the last (``agent.mig``). Memory is rounded down to the step, so the default and the
+maximum are multiples of it, as the API server requires.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def parse_mode(text: str) -> SharesMode:
 
 def shareable(device: DraDevice) -> bool:
     """Whether ``--consumable-shares`` applies to the device (module docstring)."""
-    return not device.consumes_counters and MEMORY in device.capacity
+    return MEMORY in device.capacity
 
 
 def share_device(device: DraDevice, mode: SharesMode) -> DraDevice:

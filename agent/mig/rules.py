@@ -9,6 +9,11 @@ prepared) and refuses with the claim that is in the way:
 - the full GPU and any MIG device of that GPU exclude each other;
 - two MIG devices of one GPU exclude each other when their memory-slice ranges overlap;
 - a claim's own devices follow the same rules among themselves.
+
+Shares (``--consumable-shares``) of one placement do not exclude each other: they use the one
+instance its first share made. The claims' devices here include their shares, so a share of
+a placement still excludes an overlapping placement and the full GPU; a share and a claim of
+the same device whole are kept apart by the name rule (``agent.node.holders``).
 """
 
 from __future__ import annotations

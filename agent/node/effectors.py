@@ -26,7 +26,10 @@ also implement :class:`MaintainingEffector`: once the engine serves, ``attach`` 
 and a ``record`` that replaces its intents of the *completed* claim durably: a restarted
 daemon's pid); ``reload`` tells it the checkpoint was replaced (another agent instance wrote
 it: rebuild what it derives from the checkpoint); ``close`` ends its background work when the
-engine closes (what it runs keeps running: prepared claims survive agent restarts).
+engine closes (what it runs keeps running: prepared claims survive agent restarts). An
+effector that only derives state from the checkpoint (which claims use a dynamic MIG
+instance that several claims' shares use) implements ``reload`` alone
+(:class:`ReloadingEffector`).
 
 :class:`Effects` is what the engine holds: the configured effectors, dispatched by device.
 With none configured every call is a no-op, and a claim without effector devices costs the
@@ -120,6 +123,16 @@ class DeviceEffector(Protocol):
     async def undo(self, uid: str, intents: tuple[cp.Intent, ...], devices: Prepared) -> None: ...
 
     async def recover(self, checkpoint: cp.Checkpoint) -> StartupRecovery: ...
+
+
+@runtime_checkable
+class ReloadingEffector(Protocol):
+    """An effector that follows a checkpoint another agent instance wrote (``reload``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def reload(self, checkpoint: cp.Checkpoint) -> None: ...
 
 
 @runtime_checkable
@@ -254,8 +267,9 @@ class Effects:
 
     def reload(self, checkpoint: cp.Checkpoint) -> None:
         """The engine replaced its checkpoint with one another instance wrote."""
-        for effector in self._maintaining():
-            effector.reload(checkpoint)
+        for effector in self._effectors:
+            if isinstance(effector, ReloadingEffector):
+                effector.reload(checkpoint)
 
     async def close(self) -> None:
         """The engine closes: end the effectors' background work."""

@@ -61,13 +61,15 @@ class DeviceHolders:
         return [*claims, *self._inflight.items()]
 
     def held(self, checkpoint: cp.Checkpoint) -> dict[str, Prepared]:
-        """Claim UID -> the devices it holds exclusively (prepared or being prepared)."""
+        """Claim UID -> the devices it uses (prepared or being prepared), whole or a share:
+        what the device effectors' rules see (a share of a MIG placement still excludes an
+        overlapping placement); admin access holds nothing."""
         found: dict[str, Prepared] = {}
         claims = [(c.uid, c.devices) for c in checkpoint.claims.values()]
         for uid, devices in [*claims, *self._inflight.items()]:
-            exclusive = tuple(d for d in devices if not d.admin_access and d.share_id is None)
-            if exclusive:
-                found[uid] = exclusive
+            using = tuple(d for d in devices if not d.admin_access)
+            if using:
+                found[uid] = using
         return found
 
     def describe(self, checkpoint: cp.Checkpoint, uid: str) -> str:

@@ -95,13 +95,15 @@ Kind = Literal[
     "mig-mps",
     "share",
     "mps-share",
+    "mig-share",
     "slices",
     "slices-static",
     "channel",
 ]
-#: Kinds prepared as KEP-5075 shares: the agent runs with --consumable-shares (no dynamic MIG:
-#: a partitionable GPU is not shared), and a first share of the GPU is prepared beforehand.
-SHARE_KINDS = ("share", "mps-share")
+#: Kinds prepared as KEP-5075 shares: the agent runs with --consumable-shares (static devices,
+#: except ``mig-share``: a 3g.40gb placement with --dynamic-mig, whose one instance both
+#: shares use), and a first share of the same device is prepared beforehand.
+SHARE_KINDS = ("share", "mps-share", "mig-share")
 SHARES = ("--consumable-shares", "memory")
 Phase = Literal["prepare", "unprepare", "start"]
 
@@ -174,6 +176,20 @@ SCENARIOS: tuple[Scenario, ...] = (
         "unprepare",
         what="second-share",
         left="absent no-spec",
+    ),
+    Scenario(
+        "after-mig-share-attach",
+        "mig-share",
+        "prepare",
+        what="second-share",
+        left=MIG_STARTED,
+    ),
+    Scenario(
+        "after-mig-share-release",
+        "mig-share",
+        "unprepare",
+        what="second-share",
+        left="PrepareCompleted spec intents=mig",
     ),
     Scenario(
         "write-after-temp",
@@ -307,6 +323,10 @@ def _request(kind: Kind) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         return gpu_request(), TIME_SLICING_LONG
     if kind == "mps":
         return gpu_request(), MPS
+    if kind == "mig-share":
+        request = mig_request("3g.40gb")
+        request["exactly"]["capacity"] = {"requests": {"memory": "10Gi"}}
+        return request, []
     if kind in SHARE_KINDS:
         request = gpu_request()
         request["exactly"]["capacity"] = {"requests": {"memory": "10Gi"}}
@@ -355,7 +375,7 @@ class Node:
         self, *, dynamic: bool = True, armed: str | None = None, shares: bool = False
     ) -> None:
         env = {ENV_VAR: armed} if armed else None
-        self.dynamic = dynamic and not shares
+        self.dynamic = dynamic
         args = (*(DYNAMIC if self.dynamic else ()), *(SHARES if shares else ()))
         await self.harness.start_agent(env, args=args)
 
@@ -407,6 +427,19 @@ class Node:
             ):
                 await anyio.sleep(0.05)
         return devices
+
+    async def shared_pool(self, dynamic: bool, timeout: float = 15.0) -> None:  # noqa: ASYNC109
+        """Wait until the published pool is a clean start's, its devices shared."""
+        with anyio.fail_after(timeout):
+            while not (  # noqa: ASYNC110
+                self._pool_devices() == self.expected_devices[dynamic]
+                and all(
+                    d.get("allowMultipleAllocations")
+                    for s in self.published()
+                    for d in s["spec"].get("devices", [])
+                )
+            ):
+                await anyio.sleep(0.05)
 
     def _pool_difference(self, expected: set[str]) -> str:
         found = self.published()
@@ -720,34 +753,39 @@ async def _claim_scenario(node: Node, scenario: Scenario) -> None:
     harness = node.harness
     unprepare = scenario.phase == "unprepare"
     shares = scenario.kind in SHARE_KINDS
+    dynamic = not shares or scenario.kind == "mig-share"
     view: set[str] = set()  # the claims the kubelet believes prepared
     first = None
-    if shares:  # a first share of the GPU, prepared by a clean agent: it must survive
-        await node.start(shares=True)
+    if shares:  # a first share of the device, prepared by a clean agent: it must survive
+        await node.start(dynamic=dynamic, shares=True)
+        await node.shared_pool(dynamic)  # not the last agent's slices, whole in the server
         request, config = _request(scenario.kind)
-        first, _ = await harness.allocate(request, name=f"m-{node.claims}-first", config=config)
+        first, before = await harness.allocate(
+            request, name=f"m-{node.claims}-first", config=config
+        )
         assert (await harness.prepare(first))[first.uid].error == ""
         view.add(first.uid)
         await node.stop()
-    await node.start(armed=None if unprepare else scenario.armed, shares=shares)
+    await node.start(dynamic=dynamic, armed=None if unprepare else scenario.armed, shares=shares)
     request, config = _request(scenario.kind)
     node.claims += 1
     ref, claim = await harness.allocate(request, name=f"m-{node.claims}", config=config)
     if shares:
         assert "shareID" in claim["status"]["allocation"]["devices"]["results"][0]
+        assert allocated_devices(claim) == allocated_devices(before)  # the same device
     node.current = ref.uid
     if unprepare:  # prepared by a clean agent: the armed one counts from the unprepare
         assert (await harness.prepare(ref))[ref.uid].error == ""
         view.add(ref.uid)
         await node.check(view)
         await node.stop()
-        await node.start(armed=scenario.armed, shares=shares)
+        await node.start(dynamic=dynamic, armed=scenario.armed, shares=shares)
     call = harness.unprepare if unprepare else harness.prepare
     with pytest.raises(DraCallError):
         await call(ref)
     await node.crashed(scenario)
     assert_left(node.left(ref.uid), scenario.left)
-    await node.start(shares=shares)
+    await node.start(dynamic=dynamic, shares=shares)
     # startup repaired what the crash left (the first share, if any, is still prepared)
     await node.check(view, in_flight=ref.uid, undone=scenario.phase == "unprepare")
     if first is not None:

@@ -163,10 +163,15 @@ def check_device(request: Request, device: NodeDevice, state: NodeState) -> Devi
             break  # like the scheduler: the first failing selector decides
     taints = tuple((t, blocks(t, request.tolerations)) for t in device.taints)
     counters = []
+    # a shared device whose counters other claims' shares consume already: one more share
+    # takes none (the instance exists once)
+    held = device.multi and device.id in state.counted and not request.admin_access
     for counter_set, counter, amount in device.consumes:
         key = (device.id.driver, device.id.pool, counter_set, counter)
         available = state.available(key)
         left = Fraction(0) if available is None else available
+        if held:
+            amount = Fraction(0)
         counters.append(CounterVerdict(counter_set, counter, amount, left, amount > left))
     return DeviceCheck(
         device,

@@ -6,6 +6,15 @@ generation (pools by driver and name, those with binding conditions last; slices
 1.36 scheduler's order), and notes which devices other claims already hold and how much of each shared
 counter (KEP-4815 partitionable devices) their devices consume. This module does the same on
 plain JSON objects, so it serves the embedded cluster, ``explain --simulate`` and tests alike.
+
+A device allowing multiple allocations (KEP-5075) that consumes counters (a ``--dynamic-mig``
+placement published with ``--consumable-shares``) consumes them once, however many claims hold
+shares of it: the physical instance exists once. Upstream's allocator differs here: the
+1.36 scheduler (``allocator_experimental.go``, ``checkAvailableCounters``) counts the counters
+of earlier allocations from ``AllocatedDevices`` only, the devices held whole, so it does not
+subtract the counters of shared devices other claims hold (docs/OPERATIONS.md, "Consumable
+shares", says what that means for a node; the agent's prepare-time rules refuse an
+overlapping placement).
 """
 
 from __future__ import annotations
@@ -89,6 +98,9 @@ class NodeState:
     shared: dict[DeviceId, dict[str, Fraction]] = field(default_factory=dict)
     #: device -> the claims holding shares of it ("ns/claim")
     sharers: dict[DeviceId, list[str]] = field(default_factory=dict)
+    #: shared devices whose counters other claims' shares consume already (once per device:
+    #: a share of a MIG placement uses the one instance its first share made)
+    counted: set[DeviceId] = field(default_factory=set)
 
     def capacity_left(self, device: NodeDevice, name: str) -> Fraction:
         """What is left of capacity ``name`` (as the slice spells it) of a shared device."""
@@ -270,6 +282,9 @@ def _note_allocations(state: NodeState, claims: Iterable[Obj], exclude_uid: str 
             device = by_id.get(device_id)
             if result.get("shareID") is not None:  # a share: the device stays available
                 _note_share(state, device_id, device, result, owner)
+                if device_id in state.counted:
+                    continue  # its counters are consumed once, by its first share
+                state.counted.add(device_id)
             else:
                 state.in_use[device_id] = owner
             for name, counter, amount in device.consumes if device else ():

@@ -8,6 +8,8 @@ them cannot be had. A device must pass its class's and the request's selectors, 
 untolerated NoSchedule/NoExecute taint, not be held by another claim (unless admin access),
 fit in what is left of the shared counters it consumes, and keep every ``matchAttribute``
 constraint equal. A selector that fails on a device fails the allocation, as in Kubernetes.
+A shared device (KEP-5075) consumes its counters once: with its first share, in this claim or
+another; a further share must fit by capacity only (``node``).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class _Search:
         self.checks = checks
         self.chosen: list[Allocated] = []
         self.allocating: Counter[DeviceId] = Counter()
+        #: shares of each shared device taken here (not admin access): its counters are
+        #: consumed with the first one, unless other claims' shares consume them already
+        self.sharing: Counter[DeviceId] = Counter()
         self.used: dict[CounterKey, Fraction] = {}
         self.values: dict[int, tuple[Any, int]] = {}  # constraint -> (value, devices holding it)
         self.distinct: dict[int, Counter[Any]] = {}  # distinctAttribute -> values taken
@@ -142,7 +147,7 @@ class _Search:
         consumed = self._consumed(request, device)
         if consumed is None:
             return False
-        if not request.admin_access:
+        if self._counts(request, device, 1):
             for counter_set, counter, amount in device.consumes:
                 key = (device.id.driver, device.id.pool, counter_set, counter)
                 available = self.state.available(key) or Fraction(0)
@@ -170,6 +175,17 @@ class _Search:
             taken.append((verdict.capacity, verdict.consumes))
         return tuple(taken)
 
+    def _counts(self, request: Request, device: NodeDevice, sign: int) -> bool:
+        """Whether adding (``sign`` 1) or removing (-1) this allocation changes the counters:
+        not for admin access, and for a shared device only with its first share."""
+        if request.admin_access:
+            return False
+        if not device.multi:
+            return True
+        if device.id in self.state.counted:
+            return False
+        return self.sharing[device.id] == (0 if sign > 0 else 1)
+
     def _remove(self) -> None:
         last = self.chosen.pop()
         self._apply(last.request, last.device, -1, last.consumed)
@@ -181,7 +197,10 @@ class _Search:
         sign: int,
         consumed: tuple[tuple[str, Fraction], ...],
     ) -> None:
+        counts = self._counts(request, device, sign)
         self.allocating[device.id] += sign
+        if device.multi and not request.admin_access:
+            self.sharing[device.id] += sign
         for name, amount in consumed:
             taken = (device.id, name)
             self.capacity[taken] = self.capacity.get(taken, Fraction(0)) + sign * amount
@@ -198,7 +217,7 @@ class _Search:
                     self.values.pop(number, None)
                 else:
                     self.values[number] = (value, holders + sign)
-        if not request.admin_access:
+        if counts:
             for counter_set, counter, amount in device.consumes:
                 key = (device.id.driver, device.id.pool, counter_set, counter)
                 self.used[key] = self.used.get(key, Fraction(0)) + sign * amount

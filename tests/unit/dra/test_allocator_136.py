@@ -18,9 +18,11 @@ from tests.unit.dra.test_allocator import (
     CLASSES,
     DRIVER,
     NODE,
+    allocated_claim,
     claim,
     device,
     exactly,
+    partitions,
     run,
     slice_,
 )
@@ -241,3 +243,71 @@ def test_two_shares_of_a_published_static_mig_device() -> None:
         assert result["consumedCapacity"]["multiprocessors"] == "0"
         placed.append(result["device"])
     assert placed[0] == placed[1]
+
+
+# -- shared devices that consume counters (--dynamic-mig placements with --consumable-shares)
+
+
+def shared_partitions() -> list[Obj]:
+    """``partitions()`` of the allocator tests with every device shared (a memory policy),
+    the whole GPU on NUMA node 2 and the halves on 0 and 1, to pick each by a selector."""
+    counters, devices = partitions()
+    for item, numa in zip(devices["spec"]["devices"], (2, 0, 1), strict=True):
+        item["allowMultipleAllocations"] = True
+        item["attributes"]["example.com/numa"] = {"int": numa}
+        total = item["consumesCounters"][0]["counters"]["memory"]["value"]  # 80Gi or 40Gi
+        item["capacity"]["memory"]["value"] = total
+        item["capacity"]["memory"]["requestPolicy"] = {
+            "default": total,
+            "validRange": {"min": "1Mi", "max": total, "step": "1Mi"},
+        }
+    return [counters, devices]
+
+
+def on_numa(numa: int, amount: str, name: str = "r") -> Obj:
+    selector = f"device.attributes['example.com'].numa == {numa}"
+    return memory(name, amount, selectors=[{"cel": {"expression": selector}}])
+
+
+def test_a_shared_partition_consumes_its_counters_once_across_claims() -> None:
+    cluster = Cluster(shared_partitions())
+    for _ in range(2):  # the second share fits by capacity: the counters are taken already
+        allocation, _ = cluster.allocate(claim(on_numa(0, "20Gi")))
+        assert [r["device"] for r in results(allocation)] == ["gpu-0-half-0"]
+    allocation, report = cluster.allocate(claim(on_numa(0, "1Gi")))  # 40Gi used: none left
+    assert allocation is None and "capacity memory of gpu-0-half-0" in report["reasons"][0]
+    # the overlapping whole GPU stays excluded by the counters the half's shares hold
+    allocation, report = cluster.allocate(claim(on_numa(2, "1Gi")))
+    assert allocation is None
+    verdicts = {d["device"]: d["verdict"] for d in report["requests"][0]["devices"]}
+    assert verdicts["gpu-0"] == "counters exhausted"
+    # the other half is untouched, and its own shares count once too
+    for _ in range(2):
+        allocation, _ = cluster.allocate(claim(on_numa(1, "10Gi")))
+        assert [r["device"] for r in results(allocation)] == ["gpu-0-half-1"]
+
+
+def test_shares_of_one_partition_in_one_pass_consume_its_counters_once() -> None:
+    cluster = Cluster(shared_partitions())
+    both = claim(on_numa(0, "20Gi", "a"), on_numa(0, "20Gi", "b"), on_numa(1, "40Gi", "c"))
+    allocation, _ = cluster.allocate(both)
+    assert [(r["request"], r["device"]) for r in results(allocation)] == [
+        ("a", "gpu-0-half-0"),
+        ("b", "gpu-0-half-0"),
+        ("c", "gpu-0-half-1"),
+    ]
+    assert len({r["shareID"] for r in results(allocation)}) == 3
+    # a claim of the whole GPU next to shares of a half in one pass: the counters refuse it
+    fresh = Cluster(shared_partitions())
+    allocation, _ = fresh.allocate(claim(on_numa(0, "20Gi", "a"), on_numa(2, "1Gi", "b")))
+    assert allocation is None
+
+
+def test_a_whole_allocation_of_a_partition_still_consumes_per_claim() -> None:
+    """Only shares consume once: a result without shareID holds the device (and its
+    counters) whole, and a second whole claim of the same counters does not fit."""
+    slices = partitions()
+    assert run(claim(exactly("r")), slices, [allocated_claim("gpu-0-half-0")]) == [
+        ("r", "gpu-0-half-1")
+    ]
+    assert run(claim(exactly("r", 2)), slices, [allocated_claim("gpu-0-half-0")]) is None

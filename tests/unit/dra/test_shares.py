@@ -9,6 +9,7 @@ from agent.dra.capacity import RequestPolicy, consumed_amount
 from agent.dra.devices import build_device_set
 from agent.dra.errors import InvalidNameError, InvalidValueError
 from agent.dra.model import DraDevice
+from agent.dra.partitionable import DynamicMig
 from agent.dra.quantity import parse_quantity
 from agent.dra.shares import DISABLED, MEMORY_STEP, SharesMode, parse_mode
 from agent.dra.slices import build_slices
@@ -85,6 +86,34 @@ def test_static_mig_devices_are_shared_too() -> None:
         mig["memory"]["requestPolicy"]["default"]
         == mig["memory"]["requestPolicy"]["validRange"]["max"]
     )
+
+
+def test_dynamic_mig_placements_and_their_full_gpu_are_shared() -> None:
+    """With --dynamic-mig the devices that consume counters are shared too: the placement's
+    one instance serves every share, and the counters stay on the device (consumed once)."""
+    devices = build_device_set(
+        h100_node(1), dynamic_mig=DynamicMig(), shares=SharesMode("memory")
+    ).devices
+    slots = [d for d in devices if "-mig-" in d.name]
+    full = next(d for d in devices if d.name == "gpu-0")
+    assert slots and full.consumes_counters
+    for device in (full, *slots):
+        assert device.allow_multiple_allocations and device.consumes_counters, device.name
+    placement = next(d for d in slots if d.name == "gpu-0-mig-3g40gb-9-4").to_dict()
+    assert placement["consumesCounters"][0]["counters"]["memory-slice-4"] == {"value": "1"}
+    memory = placement["capacity"]["memory"]["requestPolicy"]
+    assert memory["default"] == memory["validRange"]["max"]  # a plain claim: the whole slot
+    assert placement["capacity"]["memorySlice4"]["requestPolicy"]["default"] == "0"
+    for version in ("1.34", "1.35", "1.36", "1.37"):
+        for item in build_slices(
+            devices,
+            node_name=NODE,
+            driver_name=DRIVER,
+            counter_sets=build_device_set(h100_node(1), dynamic_mig=DynamicMig()).counter_sets,
+            slice_layout="combined" if version == "1.34" else "split",
+        ):
+            item["metadata"]["name"] = "s"
+            assert k8s_schema.schema_errors(item, version) == []
 
 
 @pytest.mark.parametrize("mode", ["memory", "unlimited", "7"])
