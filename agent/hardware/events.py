@@ -2,8 +2,11 @@
 
 ``nvmlEventSetWait_v2`` blocks until an event arrives or its timeout passes. Run through the
 shared NVML limiter it would hold every other NVML call (prepares, recovery polls) hostage, so the
-pump has a limiter of its own; the wait's timeout is short (0.5 s) so that a cancelled pump stops
-promptly. After the first event of a wakeup the pump drains what else is pending without waiting,
+pump has a limiter of its own. Its event set is freed (and NVML shut down) only after the wait
+in progress returns, so a stopping pump cannot abandon it; the wait is therefore made of NVML
+waits of at most 0.1 s, and a cancelled pump tells its thread to stop between two of them: a
+stop takes at most 0.1 s instead of the whole wait (0.5 s: every agent's SIGTERM took that much
+longer), while the event loop still wakes up only twice a second when nothing happens. After the first event of a wakeup the pump drains what else is pending without waiting,
 so an event storm reaches the health state machine in a few large batches, not one hop per event.
 
 A GPU whose registration fails is reported ``UNMONITORED``, never skipped silently, and its
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +46,10 @@ WANTED_EVENTS = (
     | pynvml.nvmlEventTypeSingleBitEccError
 )
 NO_INSTANCE = 0xFFFFFFFF
-#: Longest wait of one NVML call: bounds how long a cancelled pump takes to stop.
+#: How long the pump's thread waits for events before the loop looks at rebuilds and retries.
 DEFAULT_WAIT_TIMEOUT = 0.5
+#: Longest single NVML wait: a stopping pump's thread notices the stop within this.
+STOP_CHECK_S = 0.1
 #: Most events taken from NVML per wakeup; the rest follow in the next batch.
 DEFAULT_MAX_BATCH = 4096
 #: Least time between two event set builds: a failing NVML must not turn the pump into a busy loop.
@@ -80,6 +86,9 @@ class EventPump:
             )
         self._gpus = {g.uuid: g for g in gpus}
         self._wait_ms = max(1, int(wait_timeout * 1000))
+        self._slice_ms = min(self._wait_ms, int(STOP_CHECK_S * 1000))
+        self._stopping = threading.Event()  # set by a cancelled pump: its thread returns
+        self._wait_done = threading.Event()  # the thread's wait has returned
         self._max_batch = max_batch
         self._limiter = anyio.CapacityLimiter(1)
         self._event_set: Any = None
@@ -120,7 +129,7 @@ class EventPump:
                     await anyio.sleep(max(0.0, (self._retry_at or 0.0) - anyio.current_time()))
                     self._rebuild = True
                     continue
-                batch = await self._in_thread(self._wait_batch)
+                batch = await self._wait_in_thread()
                 self._deliver(sink, batch)
                 if self._failed and not self._rebuild and self._retry_due_now():
                     self._deliver(sink, await self._in_thread(self._retry_failed))
@@ -156,6 +165,22 @@ class EventPump:
 
     async def _in_thread(self, fn: Callable[[], Any]) -> Any:
         return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+
+    async def _wait_in_thread(self) -> list[HealthEvent]:
+        """The wait, which a cancellation stops within ``STOP_CHECK_S`` (module docstring):
+        the caller leaves once the thread has returned, never while it still waits."""
+        self._stopping.clear()
+        self._wait_done.clear()
+        try:
+            batch: list[HealthEvent] = await anyio.to_thread.run_sync(
+                self._wait_batch, limiter=self._limiter, abandon_on_cancel=True
+            )
+        except anyio.get_cancelled_exc_class():
+            self._stopping.set()
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._wait_done.wait, 2 * STOP_CHECK_S + 1.0)
+            raise
+        return batch
 
     # -- in the pump's thread ------------------------------------------------------------------
 
@@ -224,22 +249,34 @@ class EventPump:
         return HealthEvent(gpu.uuid, EventKind.MONITORED)
 
     def _wait_batch(self) -> list[HealthEvent]:
+        try:
+            return self._wait_slices()
+        finally:
+            self._wait_done.set()
+
+    def _wait_slices(self) -> list[HealthEvent]:
+        """Up to ``wait_timeout`` for the first event, in NVML waits of at most
+        ``STOP_CHECK_S`` (returning early when the pump stops), then what is pending."""
         if self._event_set is None:
             return []
         events: list[HealthEvent] = []
-        timeout = self._wait_ms
+        remaining = self._wait_ms
         while len(events) < self._max_batch:
+            step = min(remaining, self._slice_ms)
             try:
-                data = pynvml.nvmlEventSetWait_v2(self._event_set, timeout)
+                data = pynvml.nvmlEventSetWait_v2(self._event_set, step)
             except pynvml.NVMLError as err:
                 if err.value == pynvml.NVML_ERROR_TIMEOUT:
-                    return events
+                    remaining -= step
+                    if events or remaining <= 0 or self._stopping.is_set():
+                        return events
+                    continue
                 if err.value == pynvml.NVML_ERROR_GPU_IS_LOST:
                     return events + self._find_lost("the event wait answered GPU_IS_LOST")
                 log.warning("NVML event wait failed (%s); building a new event set", err)
                 self._rebuild = True
                 return events
-            timeout = 0  # drain what is pending, without waiting
+            remaining = 0  # drain what is pending, without waiting
             event = self._convert(data)
             if event is None:
                 return events + self._find_lost("an event's GPU could not be read")

@@ -137,7 +137,9 @@ async def test_the_wait_leaves_the_nvml_limiter_free_and_stops_promptly(
         assert time.monotonic() - started < 0.2
         started = time.monotonic()
         group.cancel_scope.cancel()
-    assert time.monotonic() - started < 1.0
+    # Within one NVML wait of STOP_CHECK_S (0.1 s), not the rest of the 0.5 s wait (as
+    # before 2026-12-06: every agent's SIGTERM took that long); the set is freed after it.
+    assert time.monotonic() - started < 0.35
     assert host.library.calls["nvmlEventSetFree"] >= 1
 
 
