@@ -162,9 +162,16 @@ def validate_claim_uid(uid: str) -> str:
     return uid
 
 
+#: Driver names already checked (one or two per process; every spec and file name asks).
+_VALID_DRIVERS: set[str] = set()
+
+
 def _validate_driver(driver: str) -> str:
+    if isinstance(driver, str) and driver in _VALID_DRIVERS:
+        return driver
     if not isinstance(driver, str) or len(driver) > 63 or _DRIVER.fullmatch(driver) is None:
         raise CdiSpecError(f"driver name {driver!r} is not a DNS subdomain usable as CDI vendor")
+    _VALID_DRIVERS.add(driver)
     return driver
 
 

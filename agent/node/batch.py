@@ -52,7 +52,7 @@ from agent.node.plan import PrepareRefused
 from agent.node.spec_writes import SpecWrites
 from agent.node.types import ClaimPrepareResult, ClaimRef, PreparedDeviceResult
 from agent.node.workers import run_workers
-from agent.telemetry.tracing import tracer
+from agent.telemetry.tracing import in_span, tracer
 
 #: Claims of one request in step 2 at once (as many as the claim reader's GETs in flight).
 CLAIMS_IN_FLIGHT = 64
@@ -165,7 +165,7 @@ class PrepareBatch:
         await run_workers(min(len(refs), CLAIMS_IN_FLIGHT), work)
 
     async def _claim(self, ref: ClaimRef) -> None:
-        with trace.use_span(self._spans[ref.uid], end_on_exit=False):
+        with in_span(self._spans[ref.uid]):
             try:
                 devices = await self._planner(ref)
             except PrepareRefused as error:
@@ -282,7 +282,7 @@ class PrepareBatch:
 
     def _completed(self, checkpoint: cp.Checkpoint, uid: str) -> cp.Checkpoint:
         checkpoint = self._started(checkpoint, uid)
-        spec_file = self._specs.claim_path(uid).name
+        spec_file = cdi.claim_spec_file_name(self._specs.driver, uid)  # the name, no Path
         return cp.mark_completed(checkpoint, uid, self._written[uid], spec_file)
 
     async def _complete(

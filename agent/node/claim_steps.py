@@ -25,7 +25,7 @@ from agent.node.holders import Prepared
 from agent.node.plan import PrepareRefused, plan_claim
 from agent.node.reconcile import is_adopted
 from agent.node.types import ClaimPrepareResult, ClaimRef
-from agent.telemetry.tracing import tracer
+from agent.telemetry.tracing import in_span, tracer
 
 
 def unique_claims(claims: Sequence[ClaimRef]) -> list[ClaimRef]:
@@ -58,7 +58,7 @@ async def reensure(
     results: dict[str, ClaimPrepareResult],
 ) -> None:
     """A claim prepared before: make sure its CDI spec is on disk, answer as recorded."""
-    with trace.use_span(span, end_on_exit=False):
+    with in_span(span):
         span.set_attribute("gpu.device.names", [d.device for d in entry.devices])
         try:
             await ensure_spec(specs, entry.uid, entry.devices)

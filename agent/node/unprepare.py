@@ -24,6 +24,7 @@ from agent.node.effectors import EffectFailed, Effects
 from agent.node.errors import NodeError
 from agent.node.offload import FILES
 from agent.node.types import ClaimRef
+from agent.telemetry.tracing import in_span
 
 
 async def unprepare_known(
@@ -67,7 +68,7 @@ async def _undo(
     span: trace.Span,
     results: dict[str, str | None],
 ) -> None:
-    with trace.use_span(span, end_on_exit=False):
+    with in_span(span):
         if entry.intents:
             try:
                 await (effects or Effects()).undo(entry.uid, entry.intents, entry.devices)

@@ -60,6 +60,16 @@ def tracer() -> trace.Tracer:
     return kept[1]
 
 
+def in_span(span: trace.Span) -> contextlib.AbstractContextManager[Any]:
+    """``trace.use_span(span, end_on_exit=False)``, or nothing when ``span`` carries no trace
+    context (no provider and no caller's trace: the span was made from a context without
+    one, so making it current changes nothing). Attach and detach cost a request of 32
+    claims some 0.3 ms of the event loop, tracing off as by default."""
+    if span.get_span_context().is_valid:
+        return trace.use_span(span, end_on_exit=False)
+    return contextlib.nullcontext()
+
+
 @contextlib.contextmanager
 def outcome_span(
     name: str,
