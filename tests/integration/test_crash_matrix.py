@@ -428,13 +428,22 @@ class Node:
                 await anyio.sleep(0.05)
         return devices
 
-    async def shared_pool(self, dynamic: bool, timeout: float = 15.0) -> None:  # noqa: ASYNC109
-        """Wait until the published pool is a clean start's, its devices shared."""
+    async def shared_pool(
+        self,
+        dynamic: bool,
+        timeout: float = 15.0,  # noqa: ASYNC109
+        *,
+        shared: bool = True,
+    ) -> None:
+        """Wait until the published pool is a clean start's, its devices shared (or, with
+        ``shared=False``, none of them): the pool of the agent just started, not the last
+        one's, which a claim allocated at once would otherwise be given (a static pool
+        after a share scenario's agent has no MIG device for a MIG claim)."""
         with anyio.fail_after(timeout):
             while not (  # noqa: ASYNC110
                 self._pool_devices() == self.expected_devices[dynamic]
                 and all(
-                    d.get("allowMultipleAllocations")
+                    bool(d.get("allowMultipleAllocations")) is shared
                     for s in self.published()
                     for d in s["spec"].get("devices", [])
                 )
@@ -767,6 +776,7 @@ async def _claim_scenario(node: Node, scenario: Scenario) -> None:
         view.add(first.uid)
         await node.stop()
     await node.start(dynamic=dynamic, armed=None if unprepare else scenario.armed, shares=shares)
+    await node.shared_pool(dynamic, shared=shares)
     request, config = _request(scenario.kind)
     node.claims += 1
     ref, claim = await harness.allocate(request, name=f"m-{node.claims}", config=config)
@@ -800,9 +810,10 @@ async def _claim_scenario(node: Node, scenario: Scenario) -> None:
             view.discard(done.uid)
             await node.check(view)
     assert node.checkpoint() == {} and harness.cdi_claim_uids() == set()
-    if shares:  # back to the matrix's agent
+    if shares:  # back to the matrix's agent, its pool published
         await node.stop()
         await node.start()
+        await node.shared_pool(True, shared=False)
 
 
 async def _prepared(node: Node, ref: ClaimRef, devices: list[str], view: set[str]) -> None:
