@@ -6,8 +6,9 @@ pump has a limiter of its own. Its event set is freed (and NVML shut down) only 
 in progress returns, so a stopping pump cannot abandon it; the wait is therefore made of NVML
 waits of at most 0.1 s, and a cancelled pump tells its thread to stop between two of them: a
 stop takes at most 0.1 s instead of the whole wait (0.5 s: every agent's SIGTERM took that much
-longer), while the event loop still wakes up only twice a second when nothing happens. After the first event of a wakeup the pump drains what else is pending without waiting,
-so an event storm reaches the health state machine in a few large batches, not one hop per event.
+longer), while the event loop still wakes up only twice a second when nothing happens. After
+the first event of a wakeup the pump drains what else is pending without waiting, so an event
+storm reaches the health state machine in a few large batches, not one hop per event.
 
 A GPU whose registration fails is reported ``UNMONITORED``, never skipped silently, and its
 registration is retried into the same event set on a timer with exponential backoff (1 s doubling
