@@ -21,11 +21,9 @@ function and code, in one assertion at the end of each operation's test.
 # ruff: noqa: F811 (the MIG engine tests' fixtures are imported, then requested)
 from __future__ import annotations
 
-import re
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pynvml
@@ -35,12 +33,22 @@ import yaml
 from agent import yamlload
 from agent.hardware import compute_mode, mig_ops
 from agent.hardware.discovery import discover_host
-from agent.hardware.errors import HardwareError, NvmlCallFailed, NvmlLibraryNotFound
+from agent.hardware.errors import HardwareError, NvmlCallFailed
 from agent.hardware.events import EventPump, WatchedGpu
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
 from tests.fuzz import EXAMPLES
+from tests.fuzz.nvml_matrix import (
+    ABSENT,
+    CASE_LIMIT_S,
+    CODES,
+    SOFT,
+    Matrix,
+    precise,
+    python_name,
+    recorded,
+)
 from tests.unit.mig.test_effector import (  # noqa: F401 (fixtures)
     G0_3G_4,
     MigNode,
@@ -50,102 +58,6 @@ from tests.unit.mig.test_effector import (  # noqa: F401 (fixtures)
 )
 
 pytestmark = pytest.mark.anyio
-
-#: Every error code the bindings define (NVML_ERROR_UNKNOWN is 999).
-CODES = sorted(
-    {v for k, v in vars(pynvml).items() if k.startswith("NVML_ERROR_") and isinstance(v, int)}
-)
-#: Codes by which NVML says an instance does not exist (or MIG is off).
-ABSENT = {pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_NOT_SUPPORTED}
-#: Codes a step may absorb by design: IN_USE (a destroy is retried while a process exits),
-#: INVALID_ARGUMENT (with NOT_SUPPORTED and NOT_FOUND: "this GPU offers no such profile"
-#: while the layout's profiles are listed).
-SOFT = {pynvml.NVML_ERROR_IN_USE, pynvml.NVML_ERROR_INVALID_ARGUMENT}
-#: One case (an operation with one injected failure) must end within this.
-CASE_LIMIT_S = 5.0
-#: Functions recorded but not injected: session setup and teardown around the MIG and
-#: compute-mode cases (discovery covers them: it opens its own session).
-SESSION = {"nvmlInit_v2", "nvmlInitWithFlags", "nvmlShutdown", "nvmlErrorString"}
-
-
-def python_name(c_function: str) -> str:
-    """The pynvml name of a C function (``nvmlDeviceGetCount_v2`` -> ``nvmlDeviceGetCount``;
-    a ``...V`` struct variant is named after its unversioned function, which it falls back to)."""
-    return re.sub(r"(_v\d+|V)$", "", c_function)
-
-
-def precise(error: BaseException, function: str, code: int) -> bool:
-    """A HardwareError that names the failed call and its code (a library that cannot be
-    loaded has its own error, which says what to install)."""
-    if code == pynvml.NVML_ERROR_LIBRARY_NOT_FOUND and function.startswith("nvmlInit"):
-        return isinstance(error, NvmlLibraryNotFound)
-    text = str(error)
-    return (
-        isinstance(error, HardwareError)
-        and python_name(function) in text
-        and f"NVML error {code}" in text
-    )
-
-
-def _clear_failures(host: SimulatedHost) -> None:
-    with host.library.lock:  # injected failures the case did not consume must not leak
-        host.library._failures.clear()
-        host.library._gpu_failures.clear()
-
-
-def _recorded(host: SimulatedHost) -> dict[str, int]:
-    with host.library.lock:
-        return dict(host.library.calls)
-
-
-class Matrix:
-    """Runs one operation for every (recorded function, code) and collects what went wrong."""
-
-    def __init__(self, host: SimulatedHost) -> None:
-        self.host = host
-        self.problems: list[str] = []
-        self.cases = 0
-
-    async def record(self, operation: Callable[[], Awaitable[Any]]) -> list[str]:
-        before = _recorded(self.host)
-        await operation()
-        after = _recorded(self.host)
-        called = [f for f, n in after.items() if n > before.get(f, 0)]
-        return sorted(set(called) - SESSION)
-
-    async def run(
-        self,
-        functions: list[str],
-        case: Callable[[str, int], Awaitable[str | None]],
-        reset: Callable[[], Awaitable[None]],
-    ) -> None:
-        for function in functions:
-            for code in CODES:
-                self.cases += 1
-                _clear_failures(self.host)
-                self.host.library.fail_next(function, code)
-                try:
-                    with anyio.fail_after(CASE_LIMIT_S):
-                        problem = await case(function, code)
-                except TimeoutError:
-                    problem = f"no answer within {CASE_LIMIT_S} s"
-                except Exception as error:
-                    problem = f"raised {type(error).__name__}: {error}"
-                _clear_failures(self.host)
-                if problem:
-                    self.problems.append(f"{function} -> {code}: {problem}")
-                try:
-                    await reset()
-                except Exception as error:
-                    self.problems.append(
-                        f"{function} -> {code}: the next clean run failed: "
-                        f"{type(error).__name__}: {error}"
-                    )
-
-    def check(self, minimum_functions: int, functions: list[str]) -> None:
-        assert len(functions) >= minimum_functions, functions
-        assert self.cases == len(functions) * len(CODES)
-        assert not self.problems, "\n".join(self.problems[:40])
 
 
 @pytest.fixture
@@ -207,7 +119,7 @@ async def test_discovery(start: Callable[[str | Path], SimulatedHost], tmp_path:
 
     functions = await matrix.record(discover)
     assert functions == whole_functions, "the trimmed host calls other functions than dgx-a100"
-    functions += [f for f in ("nvmlInitWithFlags", "nvmlShutdown") if f in _recorded(host)]
+    functions += [f for f in ("nvmlInitWithFlags", "nvmlShutdown") if f in recorded(host)]
 
     async def case(function: str, code: int) -> str | None:
         try:
