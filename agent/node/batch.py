@@ -282,7 +282,7 @@ class PrepareBatch:
 
     def _completed(self, checkpoint: cp.Checkpoint, uid: str) -> cp.Checkpoint:
         checkpoint = self._started(checkpoint, uid)
-        spec_file = cdi.claim_spec_file_name(self._specs.driver, uid)  # the name, no Path
+        spec_file = self._specs.claim_file_name(uid)
         return cp.mark_completed(checkpoint, uid, self._written[uid], spec_file)
 
     async def _complete(

@@ -65,7 +65,12 @@ class CdiSpecDirectory:
 
     def claim_path(self, claim_uid: str) -> Path:
         """The claim's spec path; raises ``InvalidClaimUidError`` for a non-UUID."""
-        return self.root / cdi.claim_spec_file_name(self.driver, claim_uid)
+        return self.root / self.claim_file_name(claim_uid)
+
+    def claim_file_name(self, claim_uid: str) -> str:
+        """The claim's spec file name (what the checkpoint records), without building a
+        ``Path`` (a prepare of many claims asks for each); raises ``InvalidClaimUidError``."""
+        return cdi.claim_spec_file_name(self.driver, claim_uid)
 
     def write_common(self, spec: Mapping[str, Any]) -> Path:
         """Write (or replace) the driver's common spec."""

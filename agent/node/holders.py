@@ -65,8 +65,7 @@ class DeviceHolders:
         what the device effectors' rules see (a share of a MIG placement still excludes an
         overlapping placement); admin access holds nothing."""
         found: dict[str, Prepared] = {}
-        claims = [(c.uid, c.devices) for c in checkpoint.claims.values()]
-        for uid, devices in [*claims, *self._inflight.items()]:
+        for uid, devices in self._all(checkpoint):
             using = tuple(d for d in devices if not d.admin_access)
             if using:
                 found[uid] = using

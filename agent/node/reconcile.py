@@ -205,7 +205,7 @@ def _adopt(
             )
             continue  # not adopted: the orphan sweep removes its spec
         checkpoint = cp.mark_started(checkpoint, uid, ADOPTED, ADOPTED)
-        spec_file = specs.claim_path(uid).name
+        spec_file = specs.claim_file_name(uid)
         checkpoint = cp.mark_completed(checkpoint, uid, devices, spec_file)
         adopted.append(uid)
     return checkpoint, adopted
