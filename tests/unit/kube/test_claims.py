@@ -1,13 +1,21 @@
-"""The hot-path claim reader against the embedded API server: raw JSON, precise errors."""
+"""The hot-path claim reader against the embedded API server: raw JSON, precise errors; and
+against scripted servers: TLS as the kubeconfig says, a proxy when one is set."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from agent.kube.claims import ApiClaimReader, ClaimNotFound, ClaimReadError
+from agent.kube.client import create_api_client
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, create_allocated_claim
 
@@ -76,4 +84,117 @@ async def test_dropped_connection(apiserver: EmbeddedApiServer, reader: ApiClaim
     )  # aiohttp retries a reused connection once
     with pytest.raises(ClaimReadError) as caught:
         await reader.read("team-a", "train")
+    assert caught.value.status == 0
+
+
+# -- the GET's transport: TLS as the kubeconfig says, a proxy when one is set ---------------
+
+TLS = Path(__file__).parents[2] / "support" / "tls"
+CLAIM = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}}
+
+
+class OneAnswerServer:
+    """Answers every request with ``answer``; keeps each request's head."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self.heads: list[bytes] = []
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                self.heads.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(self.answer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+def json_answer(document: object) -> bytes:
+    body = json.dumps(document).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+async def client_for(tmp_path: Path, server: str, ca: str | None = None) -> Any:
+    cluster: dict[str, str] = {"server": server}
+    if ca is not None:
+        cluster["certificate-authority"] = str(TLS / ca)
+    kubeconfig = tmp_path / f"kubeconfig-{ca}"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": cluster}],
+                "users": [{"name": "u", "user": {"token": "the-token"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return await create_api_client(kubeconfig)
+
+
+@contextlib.asynccontextmanager
+async def listening(
+    handler: OneAnswerServer, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[int]:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=tls)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+async def test_tls_with_the_kubeconfig_ca_and_token(tmp_path: Path) -> None:
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(TLS / "server.pem", TLS / "server-key.pem")
+    handler = OneAnswerServer(json_answer(CLAIM))
+    async with listening(handler, server_tls) as port:
+        for ca, works in (("ca.pem", True), ("other-ca.pem", False)):
+            client = await client_for(tmp_path, f"https://127.0.0.1:{port}", ca)
+            reader = ApiClaimReader(client, timeout_s=5)
+            try:
+                if works:
+                    assert await reader.read("ns", "c") == CLAIM
+                else:
+                    with pytest.raises(ClaimReadError, match=r"unreachable.*CERTIFICATE_VERIFY"):
+                        await reader.read("ns", "c")
+            finally:
+                await reader.close()
+                await client.close()
+    assert len(handler.heads) == 1  # the untrusted server never got the request
+    assert handler.heads[0].startswith(b"GET /apis/resource.k8s.io/v1/namespaces/ns/")
+    assert b"\r\nauthorization: bearer the-token\r\n" in handler.heads[0].lower()
+
+
+async def test_a_configured_proxy_carries_the_get(tmp_path: Path) -> None:
+    proxy = OneAnswerServer(json_answer(CLAIM))
+    async with listening(proxy) as port:
+        client = await client_for(tmp_path, "http://api.invalid:6443")
+        client.configuration.proxy = f"http://127.0.0.1:{port}"
+        reader = ApiClaimReader(client, timeout_s=5)
+        try:
+            assert await reader.read("ns", "c") == CLAIM
+        finally:
+            await reader.close()
+            await client.close()
+    request_line = proxy.heads[0].split(b"\r\n")[0]
+    assert request_line == (
+        b"GET http://api.invalid:6443/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c "
+        b"HTTP/1.1"
+    )
+
+
+async def test_an_answer_that_is_not_http(tmp_path: Path) -> None:
+    async with listening(OneAnswerServer(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")) as port:
+        client = await client_for(tmp_path, f"http://127.0.0.1:{port}")
+        reader = ApiClaimReader(client, timeout_s=5)
+        try:
+            with pytest.raises(ClaimReadError, match=r"not readable HTTP.*status line") as caught:
+                await reader.read("ns", "c")
+        finally:
+            await reader.close()
+            await client.close()
     assert caught.value.status == 0

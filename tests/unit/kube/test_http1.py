@@ -1,0 +1,441 @@
+"""The hot path's HTTP/1.1 GET client against scripted servers on real sockets: the framings
+a server may choose, connection reuse and its failures, limits, deadlines and TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from agent.kube import http1
+from agent.kube.http1 import ConnectionClosedError, Http1Client, HttpProtocolError, tls_context
+
+pytestmark = pytest.mark.anyio
+TLS = Path(__file__).parents[2] / "support" / "tls"
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+
+
+class Server:
+    """A TCP server calling ``handler(reader, writer, n)`` for its n-th connection (0-based);
+    it records every request head it read through :func:`request`."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.url = ""
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        index = self.connections
+        self.connections += 1
+        try:
+            await self.handler(reader, writer, index)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def request(self, reader: asyncio.StreamReader) -> bytes:
+        head = await reader.readuntil(b"\r\n\r\n")
+        self.requests.append(head)
+        return head
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
+    servers: list[asyncio.Server] = []
+
+    async def start(handler: Handler, tls: ssl.SSLContext | None = None) -> Server:
+        server = Server(handler)
+        listening = await asyncio.start_server(server._serve, "127.0.0.1", 0, ssl=tls)
+        servers.append(listening)
+        port = listening.sockets[0].getsockname()[1]
+        server.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        return server
+
+    yield start
+    for listening in servers:
+        listening.close()
+
+
+def answer(body: bytes, *extra: str, status: str = "200 OK") -> bytes:
+    headers = "".join(f"{line}\r\n" for line in extra)
+    return f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n{headers}\r\n".encode() + body
+
+
+async def test_request_bytes_and_keep_alive_reuse(serve: Callable[..., Awaitable[Server]]) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await server.request(reader)
+            writer.write(answer(b'{"n": %d}' % len(server.requests)))
+
+    server = await serve(handler)
+    client = Http1Client(server.url + "/prefix/", user_agent="tester/1")
+    try:
+        first = await client.get("/apis/x", {"Authorization": "Bearer t"}, 5)
+        second = await client.get("/apis/y", {}, 5)
+    finally:
+        await client.close()
+    assert first == (200, b'{"n": 1}') and second == (200, b'{"n": 2}')
+    assert server.connections == 1  # the second GET reused the first connection
+    port = server.url.rsplit(":", 1)[1]
+    assert (
+        server.requests[0]
+        == (
+            f"GET /prefix/apis/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: tester/1\r\n"
+            "Authorization: Bearer t\r\n\r\n"
+        ).encode()
+    )
+
+
+async def test_chunked_body_arriving_a_byte_at_a_time(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    wire = (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5;ext=1\r\nhello\r\n1\r\n \r\n6\r\nworld!\r\n0\r\nX-Trailer: t\r\n\r\n"
+    )
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await server.request(reader)
+            for byte in wire:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0)
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        assert await client.get("/", {}, 5) == (200, b"hello world!")
+        assert await client.get("/", {}, 5) == (200, b"hello world!")
+    finally:
+        await client.close()
+    assert server.connections == 1
+
+
+async def test_body_ended_by_close_and_connection_close_are_not_reused(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        if n == 0:  # HTTP/1.0 style: no length, the body ends with the connection
+            writer.write(b"HTTP/1.0 200 OK\r\n\r\nuntil the end")
+        else:
+            writer.write(answer(b"closing", "Connection: close"))
+            await asyncio.sleep(10)  # keeps it open: a request sent on it would wait in vain
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        assert await client.get("/", {}, 2) == (200, b"until the end")
+        assert await client.get("/", {}, 2) == (200, b"closing")
+        assert await client.get("/", {}, 2) == (200, b"closing")
+    finally:
+        await client.close()
+    assert server.connections == 3
+
+
+async def test_interim_and_bodiless_answers(serve: Callable[..., Awaitable[Server]]) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+        writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await server.request(reader)
+        writer.write(answer(b"", status="404 Not Found"))
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        assert await client.get("/", {}, 5) == (204, b"")
+        assert await client.get("/", {}, 5) == (404, b"")
+    finally:
+        await client.close()
+
+
+async def test_a_reused_connection_closed_before_the_answer_is_retried_once(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        writer.write(answer(b"first" if n == 0 else b"again"))
+        await writer.drain()
+        if n == 0:  # reads the next request, then hangs up without answering
+            await server.request(reader)
+            return
+        await asyncio.sleep(5)
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        assert await client.get("/", {}, 5) == (200, b"first")
+        assert await client.get("/", {}, 5) == (200, b"again")
+    finally:
+        await client.close()
+    assert server.connections == 2 and len(server.requests) == 3
+
+
+async def test_a_fresh_connection_or_a_half_answer_is_not_retried(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        if n == 0:
+            return  # hangs up on the first request of a new connection
+        writer.write(answer(b"whole"))
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")  # then hangs up
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        with pytest.raises(ConnectionClosedError, match="before answering") as fresh:
+            await client.get("/", {}, 5)
+        assert fresh.value.before_response
+        assert await client.get("/", {}, 5) == (200, b"whole")
+        with pytest.raises(ConnectionClosedError, match="in the middle of its answer"):
+            await client.get("/", {}, 5)
+    finally:
+        await client.close()
+    assert server.connections == 2 and len(server.requests) == 3
+
+
+@pytest.mark.parametrize(
+    "wire, message",
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 2x0 OK\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "bad Content"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "transfer coding"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabXY", "end with CRLF"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n", "over"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70_000, "head over"),
+    ],
+)
+async def test_unreadable_answers_fail_the_request_and_drop_the_connection(
+    serve: Callable[..., Awaitable[Server]], wire: bytes, message: str
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await server.request(reader)
+            writer.write(wire if n == 0 else answer(b"ok"))
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        with pytest.raises(HttpProtocolError, match=message):
+            await client.get("/", {}, 5)
+        assert await client.get("/", {}, 5) == (200, b"ok")
+    finally:
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_chunked_body_over_the_limit(
+    serve: Callable[..., Awaitable[Server]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http1, "MAX_BODY", 8)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n12345\r\n")
+        writer.write(b"5\r\n67890\r\n0\r\n\r\n")
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        with pytest.raises(HttpProtocolError, match="over 8 bytes"):
+            await client.get("/", {}, 5)
+    finally:
+        await client.close()
+
+
+async def test_deadline_covers_a_silent_server_and_the_connection_is_dropped(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        if n == 0:
+            await asyncio.sleep(10)  # never answers
+        writer.write(answer(b"late"))  # would answer the next request on this connection
+        await asyncio.sleep(10)
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await client.get("/", {}, 0.2)
+        assert 0.15 < loop.time() - started < 2
+        assert await client.get("/", {}, 5) == (200, b"late")
+    finally:
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_a_cancelled_request_leaves_no_connection_behind(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        if n == 0:
+            await asyncio.sleep(0.3)  # answers after the caller gave up
+        writer.write(answer(b"answer %d" % n))
+        await asyncio.sleep(10)
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):  # the caller's own deadline cancels the task
+                await client.get("/", {}, 5)
+        await asyncio.sleep(0.4)
+        assert await client.get("/", {}, 5) == (200, b"answer 1")  # not the late answer 0
+    finally:
+        await client.close()
+
+
+async def test_many_concurrent_gets_then_reuse(serve: Callable[..., Awaitable[Server]]) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            head = await server.request(reader)
+            path = head.split(b" ")[1]
+            await asyncio.sleep(0.01)
+            writer.write(answer(path))
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        paths = [f"/claim-{i}" for i in range(40)]
+        answers = await asyncio.gather(*(client.get(p, {}, 5) for p in paths))
+        assert answers == [(200, p.encode()) for p in paths]
+        opened = server.connections
+        assert opened == 40
+        await asyncio.gather(*(client.get(p, {}, 5) for p in paths))
+        assert server.connections == opened  # every second-round GET found an idle one
+    finally:
+        await client.close()
+
+
+async def test_idle_connections_expire(
+    serve: Callable[..., Awaitable[Server]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await server.request(reader)
+            writer.write(answer(b"ok"))
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        await client.get("/", {}, 5)
+        monkeypatch.setattr(http1, "KEEPALIVE_S", 0.0)
+        await client.get("/", {}, 5)
+    finally:
+        await client.close()
+    assert server.connections == 2
+
+
+async def test_an_unasked_answer_drops_the_connection(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    """Bytes after an answer (with it, or later on the idle connection) mean the server and
+    the client disagree about the framing: the connection is never used again."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        await server.request(reader)
+        if n == 0:  # an answer with a second one glued to it
+            writer.write(answer(b"ok") + answer(b"stale"))
+        elif n == 1:
+            writer.write(answer(b"ok"))
+            await writer.drain()
+            await asyncio.sleep(0.05)
+            writer.write(answer(b"nobody asked"))  # while the connection is idle
+        else:
+            writer.write(answer(b"fresh"))
+        await asyncio.sleep(10)  # reads nothing more: a reused connection would wait in vain
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    try:
+        assert await client.get("/", {}, 2) == (200, b"ok")
+        assert await client.get("/", {}, 2) == (200, b"ok")
+        await asyncio.sleep(0.2)
+        assert await client.get("/", {}, 2) == (200, b"fresh")
+    finally:
+        await client.close()
+    assert server.connections == 3
+
+
+async def test_header_injection_and_bad_urls_are_refused() -> None:
+    client = Http1Client("http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="does not allow"):
+        await client.get("/", {"Authorization": "Bearer x\r\nX-Evil: 1"}, 1)
+    with pytest.raises(ValueError, match="not an http"):
+        Http1Client("ftp://example.com")
+    with pytest.raises(ValueError, match="TLS context"):
+        Http1Client("https://example.com")
+
+
+async def test_closed_client_and_unreachable_server() -> None:
+    client = Http1Client("http://127.0.0.1:1")  # nothing listens on port 1
+    with pytest.raises(OSError):
+        await client.get("/", {}, 2)
+    await client.close()
+    with pytest.raises(ConnectionClosedError, match="closed"):
+        await client.get("/", {}, 2)
+
+
+def configuration(ca: str, *, verify: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(
+        ssl_ca_cert=str(TLS / ca),
+        cert_file=None,
+        key_file=None,
+        verify_ssl=verify,
+        disable_strict_ssl_verification=False,
+    )
+
+
+async def test_tls_verifies_the_server_against_the_configured_ca(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(TLS / "server.pem", TLS / "server-key.pem")
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        while True:
+            await server.request(reader)
+            writer.write(answer(b"secret"))
+
+    server = await serve(handler, server_tls)
+    trusted = Http1Client(server.url, tls=tls_context(configuration("ca.pem")))
+    by_name = Http1Client(
+        server.url, tls=tls_context(configuration("ca.pem")), server_hostname="localhost"
+    )
+    strangers = Http1Client(server.url, tls=tls_context(configuration("other-ca.pem")))
+    wrong_name = Http1Client(
+        server.url, tls=tls_context(configuration("ca.pem")), server_hostname="api.example.com"
+    )
+    unverified = Http1Client(
+        server.url, tls=tls_context(configuration("other-ca.pem", verify=False))
+    )
+    try:
+        assert await trusted.get("/", {}, 5) == (200, b"secret")
+        assert await trusted.get("/", {}, 5) == (200, b"secret")
+        assert await by_name.get("/", {}, 5) == (200, b"secret")
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await strangers.get("/", {}, 5)
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await wrong_name.get("/", {}, 5)
+        assert await unverified.get("/", {}, 5) == (200, b"secret")  # verify_ssl: false
+    finally:
+        for client in (trusted, by_name, strangers, wrong_name, unverified):
+            await client.close()
