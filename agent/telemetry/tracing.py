@@ -51,13 +51,29 @@ def tracer() -> trace.Tracer:
 
     Kept per provider: the SDK's ``get_tracer`` builds two scope objects and edits the
     process's warning filters on every call, which cost a traced prepare more than its spans.
+    While no provider is set, a :class:`_QuietTracer`.
     """
     global _tracer_of
     provider = trace.get_tracer_provider()
     kept = _tracer_of
     if kept is None or kept[0] is not provider:
-        kept = _tracer_of = (provider, provider.get_tracer(TRACER_NAME))
+        quiet = isinstance(provider, trace.ProxyTracerProvider)
+        made = _QuietTracer() if quiet else provider.get_tracer(TRACER_NAME)
+        kept = _tracer_of = (provider, made)
     return kept[1]
+
+
+class _QuietTracer(trace.NoOpTracer):
+    """The API's no-op tracer (tracing off), whose ``start_as_current_span`` does not make
+    its span current: that span is the current one already (or one with no trace context),
+    so attaching it changed nothing, and the API's two nested generator context managers
+    and the attach cost some 5 us a span, 0.5 ms of a request of 32 claims. A span with
+    tracing off costs a function call, as the module docstring says."""
+
+    def start_as_current_span(  # type: ignore[override]
+        self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any
+    ) -> contextlib.AbstractContextManager[trace.Span]:
+        return contextlib.nullcontext(self.start_span(name, context))
 
 
 def in_span(span: trace.Span) -> contextlib.AbstractContextManager[Any]:
