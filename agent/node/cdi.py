@@ -20,13 +20,14 @@ import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.dra import cdi
 from agent.node import durable
 from agent.node.errors import CdiFileError
 
 SPEC_MODE = 0o644
+PathT = TypeVar("PathT", Path, str)
 
 
 class SpecStatus(enum.Enum):
@@ -42,6 +43,7 @@ class CdiSpecDirectory:
 
     def __init__(self, root: Path, driver: str) -> None:
         self.root = Path(root)
+        self._root_text = os.fspath(self.root)  # claim paths joined as text (hot path)
         self.driver = driver
         cdi.kind(driver)  # validates the driver name once, up front
         self._in_memory: bool | None = None  # unknown until ``probe_memory`` found the root
@@ -76,14 +78,16 @@ class CdiSpecDirectory:
         """Write (or replace) the driver's common spec."""
         return self._write(self.common_path(), spec)
 
-    def write_claim(self, claim_uid: str, spec: Mapping[str, Any]) -> Path:
-        """Write (or replace) a claim's spec; the spec's kind must be the driver's."""
+    def write_claim(self, claim_uid: str, spec: Mapping[str, Any]) -> str:
+        """Write (or replace) a claim's spec; the spec's kind must be the driver's. Returns
+        the file's path as text (a prepare of many claims builds no ``Path`` per claim)."""
         if spec.get("kind") != cdi.kind(self.driver):
             raise CdiFileError(
                 f"CDI spec for claim {claim_uid} has kind {spec.get('kind')!r}, "
                 f"expected {cdi.kind(self.driver)!r}"
             )
-        return self._write(self.claim_path(claim_uid), spec)
+        path = os.path.join(self._root_text, self.claim_file_name(claim_uid))
+        return self._write(path, spec)
 
     def remove_claim(self, claim_uid: str) -> bool:
         """Remove a claim's spec (idempotent); True if a file was removed."""
@@ -142,14 +146,16 @@ class CdiSpecDirectory:
         """Remove temporaries a crash left behind (only our own temporary names)."""
         return durable.clean_temporaries(self.root)
 
-    def _write(self, path: Path, spec: Mapping[str, Any]) -> Path:
+    def _write(self, path: PathT, spec: Mapping[str, Any]) -> PathT:
+        """Write ``spec`` at ``path`` (whole, durable; no fsync on a tmpfs: ``probe_memory``)."""
         data = cdi.encode_spec(spec)
+        sync = not self.known_in_memory
         try:
             try:
-                durable.write_atomic(path, data, SPEC_MODE)
+                durable.write_atomic(path, data, SPEC_MODE, sync=sync)
             except FileNotFoundError:  # the directory is created only when it is missing
                 self.root.mkdir(parents=True, exist_ok=True)
-                durable.write_atomic(path, data, SPEC_MODE)
+                durable.write_atomic(path, data, SPEC_MODE, sync=sync)
         except OSError as error:
             raise CdiFileError(
                 f"could not write CDI spec {path}: {error}; check that the CDI directory "

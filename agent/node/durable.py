@@ -72,16 +72,20 @@ def is_temporary(name: str) -> bool:
     return _TEMPORARY.fullmatch(name) is not None
 
 
-def write_atomic(path: Path | str, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path | str, data: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
     """Replace ``path`` with ``data`` so that readers and crashes see old or new, never half.
 
     Idempotent: writing the same data again yields the same file. The mode is set on the
     temporary before the rename, so the target never exists with the wrong permissions.
+    ``sync=False`` leaves out the two fsyncs, for a directory on a tmpfs (``in_memory``),
+    where they do nothing but cost two system calls and a directory open and close.
     """
-    os.close(write_atomic_pinned(path, data, mode))
+    os.close(write_atomic_pinned(path, data, mode, sync=sync))
 
 
-def write_atomic_pinned(path: Path | str, data: bytes, mode: int = 0o644) -> int:
+def write_atomic_pinned(
+    path: Path | str, data: bytes, mode: int = 0o644, *, sync: bool = True
+) -> int:
     """``write_atomic``, returning a descriptor of the new file (the caller closes it).
 
     This runs in a worker thread while the event loop works, and each step between two
@@ -102,7 +106,8 @@ def write_atomic_pinned(path: Path | str, data: bytes, mode: int = 0o644) -> int
             while written < len(data):
                 written += os.write(fd, view[written:])
         os.fchmod(fd, mode)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
         crash_point("write-after-temp", name)  # the old file and a whole temporary
         os.replace(temporary, target)
     except BaseException:
@@ -111,6 +116,8 @@ def write_atomic_pinned(path: Path | str, data: bytes, mode: int = 0o644) -> int
             os.unlink(temporary)
         raise
     crash_point("write-after-rename", name)  # the new file, its rename not yet durable
+    if not sync:
+        return fd
     try:
         fsync_directory(directory or ".")
     except BaseException:

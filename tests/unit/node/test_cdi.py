@@ -25,7 +25,7 @@ def claim_spec(uid: str = UID) -> dict[str, object]:
 
 def test_write_claim_and_common(tmp_path: Path) -> None:
     specs = CdiSpecDirectory(tmp_path / "cdi", DRIVER)
-    path = specs.write_claim(UID, claim_spec())
+    path = Path(specs.write_claim(UID, claim_spec()))
     assert path == tmp_path / "cdi" / f"k8s.gpu.nvidia.com-claim_{UID}.json"
     assert json.loads(path.read_text()) == claim_spec()
     assert stat.S_IMODE(path.stat().st_mode) == 0o644

@@ -31,6 +31,20 @@ def test_write_atomic_creates_file_with_content_and_mode(tmp_path: Path) -> None
     assert os.listdir(tmp_path) == ["spec.json"]
 
 
+def test_write_atomic_without_sync_makes_the_same_file_without_fsyncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    durable.write_atomic(tmp_path / "durable", b"data", 0o640)
+    assert len(synced) == 2  # the file, then its directory
+    durable.write_atomic(tmp_path / "in-memory", b"data", 0o640, sync=False)
+    assert len(synced) == 2
+    assert (tmp_path / "in-memory").read_bytes() == b"data"
+    assert _mode(tmp_path / "in-memory") == 0o640
+    assert sorted(os.listdir(tmp_path)) == ["durable", "in-memory"]
+
+
 def test_write_atomic_mode_ignores_umask(tmp_path: Path) -> None:
     old = os.umask(0o077)
     try:

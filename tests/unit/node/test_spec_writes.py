@@ -51,6 +51,20 @@ def threads() -> Iterator[CountingThreads]:
 
 
 @pytest.fixture
+def fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The descriptors ``os.fsync`` was called on (it still runs)."""
+    calls: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return calls
+
+
+@pytest.fixture
 def tmpfs_dir() -> Iterator[Path]:
     if not (SHM.is_dir() and durable.in_memory(SHM)):
         pytest.skip("no tmpfs at /dev/shm")
@@ -72,23 +86,29 @@ async def _write_both(specs: CdiSpecDirectory, threads: IoThreads) -> None:
 
 @pytest.mark.anyio
 async def test_a_tmpfs_directory_is_written_on_the_loop_after_the_first_spec(
-    tmpfs_dir: Path, threads: CountingThreads
+    tmpfs_dir: Path, threads: CountingThreads, fsyncs: list[int]
 ) -> None:
+    """... and without the fsyncs, which do nothing on a tmpfs (the first write, before the
+    probe, still makes them)."""
     specs = CdiSpecDirectory(tmpfs_dir / "cdi", DRIVER)
     assert not specs.known_in_memory  # not probed yet: the first write takes the thread
     await _write_both(specs, threads)
     assert specs.known_in_memory
     assert threads.submitted == 1
+    assert len(fsyncs) == 2  # the first spec and its directory, nothing for the second
     for uid in UIDS:
         assert json.loads(specs.claim_path(uid).read_text())["kind"] == "k8s.gpu.nvidia.com/claim"
 
 
 @pytest.mark.anyio
-async def test_a_disk_directory_keeps_the_thread(tmp_path: Path, threads: CountingThreads) -> None:
+async def test_a_disk_directory_keeps_the_thread(
+    tmp_path: Path, threads: CountingThreads, fsyncs: list[int]
+) -> None:
     if durable.in_memory(tmp_path):
         pytest.skip("the temporary directory is on a tmpfs")
     specs = CdiSpecDirectory(tmp_path / "cdi", DRIVER)
     await _write_both(specs, threads)
     assert not specs.known_in_memory
     assert threads.submitted == 2
+    assert len(fsyncs) == 4  # each spec, then its directory
     assert specs.claim_uids() == set(UIDS)
