@@ -57,7 +57,8 @@ from agent.telemetry.tracing import in_span, tracer
 #: Claims of one request in step 2 at once (as many as the claim reader's GETs in flight).
 CLAIMS_IN_FLIGHT = 64
 #: Plans one claim: its device records (``admin_access`` marks adminAccess devices).
-Planner = Callable[[ClaimRef], Awaitable[Prepared]]
+#: Reads and plans one claim; its span gets what was planned.
+Planner = Callable[[ClaimRef, trace.Span], Awaitable[Prepared]]
 
 
 def answer(devices: Prepared) -> ClaimPrepareResult:
@@ -165,9 +166,10 @@ class PrepareBatch:
         await run_workers(min(len(refs), CLAIMS_IN_FLIGHT), work)
 
     async def _claim(self, ref: ClaimRef) -> None:
-        with in_span(self._spans[ref.uid]):
+        span = self._spans[ref.uid]
+        with in_span(span):
             try:
-                devices = await self._planner(ref)
+                devices = await self._planner(ref, span)
             except PrepareRefused as error:
                 self._failures[ref.uid] = str(error)
                 return

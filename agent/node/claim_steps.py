@@ -72,13 +72,14 @@ async def read_and_plan(
     reader: ClaimReader,
     facts: HostFacts,
     ref: ClaimRef,
+    span: trace.Span,
     *,
     driver: str,
     pool: str,
     sharing: bool,
 ) -> Prepared:
-    """Read and plan one claim; raises ``PrepareRefused`` naming the claim's problem."""
-    span = trace.get_current_span()
+    """Read and plan one claim, its devices' names set on ``span`` (the claim's); raises
+    ``PrepareRefused`` naming the claim's problem."""
     try:
         claim = await reader.read(ref.namespace, ref.name)
         crash_point("after-claim-read")

@@ -356,13 +356,14 @@ class PrepareEngine:
                 span.end()
         return {ref.uid: results[ref.uid] for ref in unique}
 
-    async def _plan(self, ref: ClaimRef) -> Prepared:
+    async def _plan(self, ref: ClaimRef, span: trace.Span) -> Prepared:
         """Read and plan one claim (``claim_steps.read_and_plan``)."""
         assert self._facts is not None
         return await read_and_plan(
             self._reader,
             self._facts,
             ref,
+            span,
             driver=self.driver,
             pool=self.pool,
             sharing=self._sharing,

@@ -12,7 +12,6 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -54,7 +53,7 @@ class SpecGate:
         specs = engine._specs
         original = specs.write_claim
 
-        def write_claim(uid: str, spec: Any) -> Path:
+        def write_claim(uid: str, spec: Any) -> str:
             path = original(uid, spec)
             self.written.set()
             self.release.wait(10)
