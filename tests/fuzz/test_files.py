@@ -354,7 +354,7 @@ def test_damaged_specs_are_rewritten(tmp_path: Path, data: st.DataObject) -> Non
     an exception), and ``ensure`` puts the exact spec back as our own regular 0644 file."""
     directory = CdiSpecDirectory(tmp_path / hashlib.sha256(os.urandom(8)).hexdigest()[:8], DRIVER)
     expected = _spec(UIDS[0])
-    path = directory.write_claim(UIDS[0], expected)
+    path = Path(directory.write_claim(UIDS[0], expected))
     content = bytearray(path.read_bytes())
     damages = ["truncate", "flip", "mode", "json", "deep"] + (
         ["owner"] if os.geteuid() == 0 else []

@@ -48,6 +48,18 @@ def test_quiet_spans_keep_the_callers_trace_context() -> None:
         assert quiet.start_span("other").get_span_context() == PARENT
 
 
+def test_a_quiet_span_with_an_explicit_context_makes_that_context_current() -> None:
+    """The RPC's span starts from the kubelet's ``traceparent``: inside it, the kubelet's
+    trace is current (what the latency's exemplar and the claims' spans see)."""
+    quiet = tracing._QuietTracer()
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(PARENT))
+    assert not trace.get_current_span().get_span_context().is_valid
+    with quiet.start_as_current_span("rpc", context=parent, kind=SpanKind.SERVER) as span:
+        assert span.get_span_context() == PARENT
+        assert trace.get_current_span().get_span_context() == PARENT
+    assert not trace.get_current_span().get_span_context().is_valid
+
+
 def test_quiet_spans_let_exceptions_through() -> None:
     quiet = tracing._QuietTracer()
     with pytest.raises(KeyError), quiet.start_as_current_span("failing"):
