@@ -2,8 +2,8 @@
 
 The kubelet hands a prepare request only a claim's namespace, name and uid; everything else
 (the allocation, the opaque configs) comes from one GET of the claim. That GET is part of
-every prepare's latency, so it uses the shared kubernetes-asyncio ``ApiClient``'s connection
-pool, TLS settings and credentials but none of its per-request machinery:
+every prepare's latency, so it uses the kubernetes-asyncio ``ApiClient``'s configuration
+(server, TLS settings, credentials and their refresh) but none of its per-request machinery:
 
 - no generated models: the body is parsed with ``json.loads`` into a plain dict, several
   times faster than model deserialization, and fields the library does not know survive;
