@@ -102,6 +102,8 @@ def summarize(results: Sequence[Result]) -> list[Row]:
         bound=120)  # fmt: skip
     add("P7", "the same: RSS within 60 s after it", p50("huge request: RSS after"), "MB",
         bound=90)  # fmt: skip
+    add("P7", "the same: RSS 60 s after it", p50("huge request: RSS at +60"), "MB",
+        bound=90)  # fmt: skip
     add("P8", "dynamic MIG overhead (p50 difference)", p50("dynamic MIG overhead"),
         floor=p50("engine prepare+unprepare 1 GPU (static)"),
         floor_what="static prepare+unprepare")  # fmt: skip
