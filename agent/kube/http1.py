@@ -10,7 +10,8 @@ This client makes the same GET in about 30 us, because it does only what that GE
   ``bytearray`` by an ``asyncio.Protocol`` (status line, the headers that frame the body,
   ``Content-Length``, ``chunked`` or a body that ends with the connection);
 - keep-alive connections kept in a LIFO pool, idle ones closed after ``KEEPALIVE_S`` (as
-  aiohttp does: a load balancer may forget an idle connection without closing it); a
+  aiohttp does: a load balancer may forget an idle connection without closing it, and a
+  burst's connections should not stay open at the server once the traffic is gone); a
   reused connection that the server closed before answering is retried once on a new one
   (the request is an idempotent GET, as every HTTP client does it);
 - one deadline per request, a timer on the loop that fails the request and aborts its
@@ -97,6 +98,7 @@ class Http1Client:
         self._head = f"Host: {host}\r\nUser-Agent: {user_agent}\r\n"
         self._idle: collections.deque[_Connection] = collections.deque()
         self._open: set[_Connection] = set()
+        self._pruning: asyncio.TimerHandle | None = None
         self._closed = False
 
     async def get(
@@ -125,6 +127,9 @@ class Http1Client:
     async def close(self) -> None:
         """Close every connection (a request in flight fails)."""
         self._closed = True
+        if self._pruning is not None:
+            self._pruning.cancel()
+            self._pruning = None
         self._idle.clear()
         for connection in list(self._open):
             connection.abort()
@@ -178,10 +183,24 @@ class Http1Client:
         if reusable and not self._closed and len(self._idle) < MAX_IDLE:
             connection.idle_since = time.monotonic()
             self._idle.append(connection)
+            if self._pruning is None:
+                self._pruning = asyncio.get_running_loop().call_later(KEEPALIVE_S, self._prune)
         else:
-            connection.abort()
             self._forget(connection)
         return status, body
+
+    def _prune(self) -> None:
+        """Close the idle connections that expired (the oldest are on the left), so that a
+        burst's connections do not stay open at the server once the traffic is gone."""
+        self._pruning = None
+        now = time.monotonic()
+        while self._idle and (
+            self._idle[0].closed or now - self._idle[0].idle_since >= KEEPALIVE_S
+        ):
+            self._forget(self._idle.popleft())
+        if self._idle and not self._closed:
+            wait = self._idle[0].idle_since + KEEPALIVE_S - now
+            self._pruning = asyncio.get_running_loop().call_later(max(wait, 0.1), self._prune)
 
     def _forget(self, connection: _Connection) -> None:
         connection.abort()

@@ -328,20 +328,35 @@ async def test_many_concurrent_gets_then_reuse(serve: Callable[..., Awaitable[Se
 async def test_idle_connections_expire(
     serve: Callable[..., Awaitable[Server]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An idle connection is not reused after ``KEEPALIVE_S``, and is closed by then even
+    when no request comes (the server sees its end)."""
+    ended: list[int] = []
+
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
-        while True:
-            await server.request(reader)
-            writer.write(answer(b"ok"))
+        try:
+            while True:
+                await server.request(reader)
+                writer.write(answer(b"ok"))
+        finally:
+            ended.append(n)
 
     server = await serve(handler)
+    monkeypatch.setattr(http1, "KEEPALIVE_S", 0.6)
     client = Http1Client(server.url)
     try:
+        await asyncio.gather(client.get("/", {}, 5), client.get("/", {}, 5))
+        assert server.connections == 2 and ended == []
+        await asyncio.sleep(0.4)
+        await client.get("/", {}, 5)  # reuses one of them, and makes it young again
+        assert server.connections == 2
+        await asyncio.sleep(0.4)  # the other expired at 0.6 s: closed without any request
+        assert ended == [0] or ended == [1]
+        await asyncio.sleep(0.5)  # then the reused one, at 1.0 s
+        assert sorted(ended) == [0, 1]
         await client.get("/", {}, 5)
-        monkeypatch.setattr(http1, "KEEPALIVE_S", 0.0)
-        await client.get("/", {}, 5)
+        assert server.connections == 3
     finally:
         await client.close()
-    assert server.connections == 2
 
 
 async def test_an_unasked_answer_drops_the_connection(
