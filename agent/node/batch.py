@@ -56,8 +56,8 @@ from agent.telemetry.tracing import in_span, tracer
 
 #: Claims of one request in step 2 at once (as many as the claim reader's GETs in flight).
 CLAIMS_IN_FLIGHT = 64
-#: Plans one claim: its device records (``admin_access`` marks adminAccess devices).
-#: Reads and plans one claim; its span gets what was planned.
+#: Reads and plans one claim (its span gets what was planned): its device records
+#: (``admin_access`` marks adminAccess devices).
 Planner = Callable[[ClaimRef, trace.Span], Awaitable[Prepared]]
 
 

@@ -3,7 +3,9 @@
 The kubelet surface hands it claim references; it reads each ResourceClaim, decides what to
 prepare (``plan``), writes the claim's CDI spec and records the claim in the checkpoint, and
 answers only once what is needed to undo the prepare is on disk. Unprepare works from the
-checkpoint alone, because the ResourceClaim may already be gone.
+checkpoint alone, because the ResourceClaim may already be gone. The engine owns the state
+and the locks; a request's steps inside them are ``prepare_request`` (claim locks, reused
+and new claims, spans), ``batch`` (the new claims) and ``unprepare``.
 
 Latency is the point of the design (the acceptance target is p50 <= 1.5 x (gRPC round trip +
 one claim GET + two durable writes)):
@@ -85,15 +87,13 @@ from pathlib import Path
 import anyio
 from opentelemetry import trace
 
-from agent.dra import cdi
 from agent.dra.partitionable import owned_by_intents
 from agent.hardware.inventory import Inventory
 from agent.kube.interfaces import ClaimReader, EventPoster
 from agent.node import checkpoint as cp
-from agent.node.batch import PrepareBatch
 from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint_store import CheckpointStore, LoadStatus
-from agent.node.claim_steps import claim_span, read_and_plan, reensure, reusable, unique_claims
+from agent.node.claim_steps import claim_span, read_and_plan, unique_claims
 from agent.node.commit import CheckpointCommitter
 from agent.node.durable import NodeLock
 from agent.node.effectors import ClaimWork, DeviceEffector, Effects, amend_intents
@@ -101,6 +101,7 @@ from agent.node.errors import NodeError
 from agent.node.facts import HostFacts
 from agent.node.holders import DeviceHolders, Prepared
 from agent.node.locks import ClaimLocks, SharedNodeLock
+from agent.node.prepare_request import prepare_claims
 from agent.node.reconcile import StartupReport, reconcile
 from agent.node.types import ClaimPrepareResult, ClaimRef
 from agent.node.unprepare import unprepare_known
@@ -317,44 +318,15 @@ class PrepareEngine:
     async def _prepare(
         self, state: CheckpointCommitter, unique: list[ClaimRef]
     ) -> dict[str, ClaimPrepareResult]:
-        results: dict[str, ClaimPrepareResult] = {}
-        spans = {ref.uid: claim_span("claim.prepare", ref) for ref in unique}
-        try:
-            async with self._claim_locks.hold(ref.uid for ref in unique):
-                fresh: list[ClaimRef] = []
-                reused: list[cp.PreparedClaim] = []  # prepared before: answered as recorded
-                for ref in unique:
-                    try:
-                        cdi.validate_claim_uid(ref.uid)  # before any path is built from it
-                    except cdi.InvalidClaimUidError as error:
-                        results[ref.uid] = ClaimPrepareResult(error=str(error))
-                        continue
-                    entry = state.checkpoint.claims.get(ref.uid)
-                    if entry is not None and reusable(entry):
-                        reused.append(entry)
-                    else:
-                        fresh.append(ref)
-                batch = PrepareBatch(
-                    state, self._specs, self._holders, self._plan, spans, self._effects
-                )
-                if not reused:  # the usual case: no task group, one task spawn less
-                    if fresh:
-                        await batch.run(fresh, results)
-                else:
-                    async with anyio.create_task_group() as group:
-                        for entry in reused:
-                            group.start_soon(
-                                reensure, self._specs, entry, spans[entry.uid], results
-                            )
-                        if fresh:
-                            group.start_soon(batch.run, fresh, results)
-        finally:
-            for uid, span in spans.items():
-                outcome = results.get(uid)
-                if outcome is not None and outcome.error is not None:
-                    span.set_status(trace.StatusCode.ERROR, outcome.error)
-                span.end()
-        return {ref.uid: results[ref.uid] for ref in unique}
+        return await prepare_claims(
+            state,
+            unique,
+            claim_locks=self._claim_locks,
+            specs=self._specs,
+            holders=self._holders,
+            planner=self._plan,
+            effects=self._effects,
+        )
 
     async def _plan(self, ref: ClaimRef, span: trace.Span) -> Prepared:
         """Read and plan one claim (``claim_steps.read_and_plan``)."""
