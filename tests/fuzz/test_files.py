@@ -1,4 +1,5 @@
-"""The agent's files on disk, damaged or replaced: the checkpoint, CDI specs, the node lock.
+"""The agent's files on disk, damaged or replaced: the checkpoint, the node lock (CDI specs:
+``test_spec_files.py``).
 
 What can be found in place of a file the agent wrote: the file truncated at any offset
 (power cut on a file system without data journaling), bits flipped (bad disk), values of the
@@ -18,8 +19,7 @@ import hashlib
 import json
 import os
 import stat
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from agent.dra.config import GpuConfig, MigDeviceConfig, Sharing, SharingStrategy
 from agent.node import durable
-from agent.node.cdi import CdiSpecDirectory, SpecStatus
+from agent.node.cdi import CdiSpecDirectory
 from agent.node.checkpoint import (
     Checkpoint,
     ClaimState,
@@ -45,6 +45,7 @@ from agent.node.checkpoint_store import FILE_NAME, CheckpointStore, LoadStatus
 from agent.node.durable import NodeLock
 from agent.node.errors import CheckpointFormatError, NodeError
 from tests.fuzz import fuzz_settings
+from tests.fuzz.planted import PLANTED, UIDS, in_thread, outside, plant
 from tests.fuzz.test_configs import json_values
 from tests.integration.conftest import (
     DRIVER,
@@ -58,9 +59,6 @@ from tests.integration.conftest import (
 )
 
 BOOT = "8c2f3a94-1b7e-4c55-9d0a-3e6f1a2b4c5d"
-UIDS = ("6ba7b814-9dad-11d1-80b4-00c04fd430c8", "6ba7b815-9dad-11d1-80b4-00c04fd430c8")
-#: A read of a planted FIFO or device must come back within this (it used to block forever).
-READ_LIMIT_S = 5.0
 
 
 def sample_checkpoint() -> Checkpoint:
@@ -90,47 +88,6 @@ def sample_checkpoint() -> Checkpoint:
         PreparedClaim(UIDS[1], "team-b", "b", ClaimState.PREPARE_STARTED, (mig,)),
     ]
     return Checkpoint(BOOT, {c.uid: c for c in claims})
-
-
-@pytest.fixture
-def outside(tmp_path: Path) -> Iterator[Callable[[str, bytes], Path]]:
-    """Files outside the agent's directories, each checked byte for byte (and mtime) after
-    the test: whatever the agent did, it never wrote through a symlink to one of them."""
-    made: dict[Path, tuple[bytes, int]] = {}
-    directory = tmp_path / "outside"
-    directory.mkdir()
-
-    def make(name: str, content: bytes) -> Path:
-        path = directory / name
-        path.write_bytes(content)
-        os.utime(path, ns=(1_000_000_000, 1_000_000_000))
-        made[path] = (content, path.stat().st_mtime_ns)
-        return path
-
-    yield make
-    for path, (content, mtime) in made.items():
-        assert path.read_bytes() == content, f"{path} was written through a symlink"
-        assert path.stat().st_mtime_ns == mtime, f"{path} was touched"
-
-
-def _in_thread(function: Callable[[], Any]) -> Any:
-    """``function()`` in a daemon thread; fails if it has not returned in READ_LIMIT_S."""
-    result: list[Any] = []
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            result.append(function())
-        except BaseException as error:
-            errors.append(error)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(READ_LIMIT_S)
-    assert not thread.is_alive(), f"{function} did not return within {READ_LIMIT_S} s"
-    if errors:
-        raise errors[0]
-    return result[0]
 
 
 # -- the checkpoint ---------------------------------------------------------------------------
@@ -251,24 +208,6 @@ def test_wrong_owner_and_mode(tmp_path: Path) -> None:
     store.close()
 
 
-PLANTED = ["symlink-valid", "symlink-garbage", "dangling", "fifo", "dev-zero", "directory"]
-
-
-def _plant(kind: str, path: Path, outside: Callable[[str, bytes], Path], valid: bytes) -> None:
-    if kind == "symlink-valid":  # a checkpoint of ours, but not in our directory
-        path.symlink_to(outside("checkpoint", valid))
-    elif kind == "symlink-garbage":
-        path.symlink_to(outside("passwd", b"root:x:0:0:root:/root:/bin/bash\n"))
-    elif kind == "dangling":
-        path.symlink_to(path.parent.parent / "outside" / "nothing-here")
-    elif kind == "fifo":
-        os.mkfifo(path)
-    elif kind == "dev-zero":
-        path.symlink_to("/dev/zero")
-    elif kind == "directory":
-        path.mkdir()
-
-
 @pytest.mark.parametrize("kind", PLANTED)
 def test_something_planted_in_place_of_the_checkpoint(
     tmp_path: Path, outside: Callable[[str, bytes], Path], kind: str
@@ -279,9 +218,9 @@ def test_something_planted_in_place_of_the_checkpoint(
     plugin_dir = tmp_path / "plugin"
     plugin_dir.mkdir()
     path = plugin_dir / FILE_NAME
-    _plant(kind, path, outside, encode(sample_checkpoint()))
+    plant(kind, path, outside, encode(sample_checkpoint()))
     store = CheckpointStore(plugin_dir, BOOT)
-    loaded = _in_thread(store.load)
+    loaded = in_thread(store.load)
     assert loaded.status is LoadStatus.CORRUPT, loaded
     assert loaded.checkpoint.claims == {} and "unreadable" in loaded.reason
     assert loaded.moved_to is not None and not path.exists() and not path.is_symlink()
@@ -332,93 +271,6 @@ def test_symlink_in_place_of_the_node_lock(
     assert stat.S_ISREG(lock_path.lstat().st_mode)
     [aside] = tmp_path.glob("gpu-dra-agent.lock.symlink-*")
     assert aside.is_symlink() and aside.readlink() == target
-
-
-# -- CDI specs --------------------------------------------------------------------------------
-
-
-def _spec(uid: str) -> dict[str, Any]:
-    return {
-        "cdiVersion": "0.6.0",
-        "kind": f"k8s.{DRIVER}/claim",
-        "devices": [
-            {"name": f"{uid}-gpu-0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}
-        ],
-    }
-
-
-@fuzz_settings(ci_examples=150)
-@given(st.data())
-def test_damaged_specs_are_rewritten(tmp_path: Path, data: st.DataObject) -> None:
-    """A claim's spec truncated, bit-flipped, of the wrong mode, type or owner: DIFFERS (never
-    an exception), and ``ensure`` puts the exact spec back as our own regular 0644 file."""
-    directory = CdiSpecDirectory(tmp_path / hashlib.sha256(os.urandom(8)).hexdigest()[:8], DRIVER)
-    expected = _spec(UIDS[0])
-    path = Path(directory.write_claim(UIDS[0], expected))
-    content = bytearray(path.read_bytes())
-    damages = ["truncate", "flip", "mode", "json", "deep"] + (
-        ["owner"] if os.geteuid() == 0 else []
-    )
-    damage = data.draw(st.sampled_from(damages))
-    if damage == "truncate":
-        del content[data.draw(st.integers(min_value=0, max_value=len(content) - 1)) :]
-    elif damage == "flip":
-        at = data.draw(st.integers(min_value=0, max_value=len(content) - 1))
-        content[at] ^= 1 << data.draw(st.integers(min_value=0, max_value=7))
-    elif damage == "json":
-        content = bytearray(json.dumps(data.draw(json_values)).encode())
-    elif damage == "deep":
-        content = bytearray(b"[" * 100_000 + b"]" * 100_000)
-    path.write_bytes(bytes(content))
-    if damage == "mode":
-        path.chmod(data.draw(st.sampled_from([0o600, 0o666, 0o755, 0o000])))
-    elif damage == "owner":  # right content and mode, but someone else could rewrite it
-        os.chown(path, 65534, 65534)
-    status = directory.status(path, expected)
-    unchanged = damage not in ("mode", "owner") and _parses_to(path.read_bytes(), expected)
-    # (a flip in insignificant whitespace, or hypothesis drawing the spec itself, is no damage)
-    assert status is (SpecStatus.MATCHES if unchanged else SpecStatus.DIFFERS), damage
-    directory.ensure(path, expected)
-    assert directory.status(path, expected) is SpecStatus.MATCHES
-    assert stat.S_ISREG(path.lstat().st_mode) and stat.S_IMODE(path.stat().st_mode) == 0o644
-    assert path.stat().st_uid == os.geteuid()
-
-
-def _parses_to(content: bytes, expected: Any) -> bool:
-    try:
-        return bool(json.loads(content) == expected)
-    except (ValueError, RecursionError):
-        return False
-
-
-@pytest.mark.parametrize("kind", PLANTED)
-def test_something_planted_in_place_of_a_spec(
-    tmp_path: Path, outside: Callable[[str, bytes], Path], kind: str
-) -> None:
-    """A symlink (even to a file with exactly the right spec), a FIFO, a device or a
-    directory where a claim's spec belongs: DIFFERS without blocking, and ``ensure``
-    replaces it (a directory cannot be replaced: a precise CdiFileError); an orphan's
-    removal unlinks the symlink, not its target."""
-    directory = CdiSpecDirectory(tmp_path / "cdi", DRIVER)
-    directory.root.mkdir()
-    expected = _spec(UIDS[0])
-    path = directory.claim_path(UIDS[0])
-    valid = json.dumps(expected).encode()
-    _plant(kind, path, outside, valid)
-    if kind == "symlink-valid":
-        path.readlink().chmod(0o644)
-        os.utime(path.readlink(), ns=(1_000_000_000, 1_000_000_000))
-    assert _in_thread(lambda: directory.status(path, expected)) is SpecStatus.DIFFERS
-    if kind == "directory":
-        with pytest.raises(NodeError, match="could not write CDI spec"):
-            directory.ensure(path, expected)
-        return
-    assert directory.ensure(path, expected)
-    assert stat.S_ISREG(path.lstat().st_mode)
-    orphan = directory.claim_path(UIDS[1])
-    orphan.symlink_to(outside("orphan-target", valid))
-    assert directory.claim_uids() == {UIDS[0], UIDS[1]}
-    assert directory.remove_claim(UIDS[1]) and not orphan.is_symlink()
 
 
 # -- the real agent ---------------------------------------------------------------------------
@@ -499,6 +351,7 @@ __all__ = [
     "_claims_deleted_after_each_test",
     "anyio_backend",
     "fresh_harness",
+    "outside",
     "workdir",
 ]
 
