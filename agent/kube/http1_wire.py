@@ -25,6 +25,11 @@ MAX_BODY = 16 * 1024 * 1024
 _LENGTH, _CHUNKED, _UNTIL_CLOSE = 0, 1, 2
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes the superscripts latin-1 decodes)."""
+    return text.isascii() and text.isdigit()
+
+
 class HttpProtocolError(Exception):
     """The server's answer is not HTTP/1.1 we can read (or exceeds the limits)."""
 
@@ -140,7 +145,7 @@ class Connection(asyncio.Protocol):
     # -- the response ------------------------------------------------------------------
 
     def _parse(self) -> None:
-        if not self._status:
+        while not self._status:
             end = self._buffer.find(b"\r\n\r\n")
             if end < 0:
                 if len(self._buffer) > MAX_HEAD:
@@ -151,8 +156,6 @@ class Connection(asyncio.Protocol):
             self._read_head(head)
             if 100 <= self._status < 200:  # an interim answer (103 Early Hints): skip it
                 self._status = 0
-                self._parse()
-                return
         if self._mode == _LENGTH:
             if len(self._buffer) >= self._length:
                 body = bytes(self._buffer[: self._length])
@@ -167,7 +170,7 @@ class Connection(asyncio.Protocol):
         lines = head.decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code = rest[:3]
-        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        if not version.startswith("HTTP/1.") or len(code) != 3 or not _digits(code):
             raise HttpProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         self._status = int(code)
         self._keep_alive = version == "HTTP/1.1"
@@ -180,7 +183,7 @@ class Connection(asyncio.Protocol):
             name = name.strip().lower()
             if name == "content-length":
                 value = value.strip()
-                if not value.isdigit() or (length is not None and int(value) != length):
+                if not _digits(value) or (length is not None and int(value) != length):
                     raise HttpProtocolError(f"a bad Content-Length: {value[:40]!r}")
                 length = int(value)
             elif name == "transfer-encoding":

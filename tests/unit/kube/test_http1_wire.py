@@ -68,6 +68,7 @@ async def test_body_ended_by_close_and_connection_close_are_not_reused(
 async def test_interim_and_bodiless_answers(serve: Callable[..., Awaitable[Server]]) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
         await server.request(reader)
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n" * 5000)  # in one buffer: no recursion
         writer.write(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
         writer.write(b"HTTP/1.1 204 No Content\r\n\r\n")
         await server.request(reader)
@@ -89,6 +90,8 @@ async def test_interim_and_bodiless_answers(serve: Callable[..., Awaitable[Serve
         (b"HTTP/1.1 2x0 OK\r\n\r\n", "not an HTTP/1.x status line"),
         (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 2\xb20 OK\r\n\r\n", "not an HTTP/1.x status line"),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "bad Content"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "transfer coding"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
