@@ -232,6 +232,15 @@ class Cluster:
         answer = (await node.kubelet.unprepare(CD_DRIVER, [claim]))[claim.uid]
         return {"error": answer.error}
 
+    async def unprepare_leftovers(self) -> None:
+        """Unprepare every claim a node's checkpoint still holds (running agents only)."""
+        for node in self.nodes.values():
+            if node.process is None or node.process.returncode is not None:
+                continue
+            for uid, entry in node.checkpoint().items():
+                ref = ClaimRef(entry.get("namespace", NAMESPACE), uid, entry.get("name", ""))
+                await self.unprepare(node, ref)
+
     async def delete_claims(self) -> None:
         claims, self._claims = self._claims, []
         for namespace, name in claims:
