@@ -154,6 +154,9 @@ class Http1Client:
                 ssl=self._tls,
                 server_hostname=self._server_hostname,
             )
+        if self._closed:  # closed while this one connected: it would stay open, unowned
+            connection.abort()
+            raise ConnectionClosedError("the client is closed", before_response=True)
         self._open.add(connection)
         return connection
 

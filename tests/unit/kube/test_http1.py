@@ -206,6 +206,29 @@ async def test_header_injection_and_bad_urls_are_refused() -> None:
         Http1Client("https://example.com")
 
 
+async def test_a_connection_made_while_the_client_closes_is_closed_too(
+    serve: Callable[..., Awaitable[Server]],
+) -> None:
+    ended = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int) -> None:
+        try:
+            await server.request(reader)  # a request sent on it would wait here in vain
+            await asyncio.sleep(10)
+        finally:
+            ended.set()
+
+    server = await serve(handler)
+    client = Http1Client(server.url)
+    getting = asyncio.ensure_future(client.get("/", {}, 5))
+    await asyncio.sleep(0)  # the GET is connecting
+    await client.close()
+    with pytest.raises(ConnectionClosedError, match="closed"):
+        await getting
+    async with asyncio.timeout(2):
+        await ended.wait()  # the server saw the connection end
+
+
 async def test_closed_client_and_unreachable_server() -> None:
     client = Http1Client("http://127.0.0.1:1")  # nothing listens on port 1
     with pytest.raises(OSError):
