@@ -59,6 +59,7 @@ class ApiClaimReader:
         self._host = str(configuration.host).rstrip("/")
         self._proxy = configuration.proxy or _environment_proxy(self._host)
         self._session: aiohttp.ClientSession | None = None
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)  # the proxy's session's
         if self._proxy:
             shared = api_client.rest_client.pool_manager
             self._session = aiohttp.ClientSession(
@@ -66,7 +67,6 @@ class ApiClaimReader:
             )
         self._http: Http1Client | None = None  # made at the first GET (the TLS context)
         self._closed = False
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._timeout_s = timeout_s
         # A request of thousands of claims would otherwise start every GET at once: memory
         # grew by ~17 KB per claim in flight (10 000 claims: +120 MB), and a real API server

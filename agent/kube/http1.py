@@ -137,7 +137,7 @@ class Http1Client:
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed and now - connection.idle_since < KEEPALIVE_S:
+            if not _stale(connection, now):
                 return connection
             self._forget(connection)
         return None
@@ -169,7 +169,6 @@ class Http1Client:
             clean = True
         finally:
             if not clean:  # failed, timed out or cancelled: the connection's state is unknown
-                connection.abort()
                 self._forget(connection)
         if reusable and not self._closed and len(self._idle) < MAX_IDLE:
             connection.idle_since = time.monotonic()
@@ -185,9 +184,7 @@ class Http1Client:
         burst's connections do not stay open at the server once the traffic is gone."""
         self._pruning = None
         now = time.monotonic()
-        while self._idle and (
-            self._idle[0].closed or now - self._idle[0].idle_since >= KEEPALIVE_S
-        ):
+        while self._idle and _stale(self._idle[0], now):
             self._forget(self._idle.popleft())
         if self._idle and not self._closed:
             wait = self._idle[0].idle_since + KEEPALIVE_S - now
@@ -196,3 +193,8 @@ class Http1Client:
     def _forget(self, connection: Connection) -> None:
         connection.abort()
         self._open.discard(connection)
+
+
+def _stale(connection: Connection, now: float) -> bool:
+    """Closed by the server, or idle for ``KEEPALIVE_S`` (not to be reused)."""
+    return connection.closed or now - connection.idle_since >= KEEPALIVE_S

@@ -67,7 +67,11 @@ class CdiSpecDirectory:
 
     def claim_path(self, claim_uid: str) -> Path:
         """The claim's spec path; raises ``InvalidClaimUidError`` for a non-UUID."""
-        return self.root / self.claim_file_name(claim_uid)
+        return Path(self._claim_text_path(claim_uid))
+
+    def _claim_text_path(self, claim_uid: str) -> str:
+        """``claim_path`` as text (a prepare of many claims builds no ``Path`` per claim)."""
+        return os.path.join(self._root_text, self.claim_file_name(claim_uid))
 
     def claim_file_name(self, claim_uid: str) -> str:
         """The claim's spec file name (what the checkpoint records), without building a
@@ -86,8 +90,7 @@ class CdiSpecDirectory:
                 f"CDI spec for claim {claim_uid} has kind {spec.get('kind')!r}, "
                 f"expected {cdi.kind(self.driver)!r}"
             )
-        path = os.path.join(self._root_text, self.claim_file_name(claim_uid))
-        return self._write(path, spec)
+        return self._write(self._claim_text_path(claim_uid), spec)
 
     def remove_claim(self, claim_uid: str) -> bool:
         """Remove a claim's spec (idempotent); True if a file was removed."""

@@ -311,22 +311,17 @@ class PrepareEngine:
             except NodeError as error:  # the lock timed out, or reloading failed
                 return {ref.uid: ClaimPrepareResult(error=str(error)) for ref in unique}
             try:
-                return await self._prepare(state, unique)
+                return await prepare_claims(
+                    state,
+                    unique,
+                    claim_locks=self._claim_locks,
+                    specs=self._specs,
+                    holders=self._holders,
+                    planner=self._plan,
+                    effects=self._effects,
+                )
             finally:
                 self._node_lock.release()
-
-    async def _prepare(
-        self, state: CheckpointCommitter, unique: list[ClaimRef]
-    ) -> dict[str, ClaimPrepareResult]:
-        return await prepare_claims(
-            state,
-            unique,
-            claim_locks=self._claim_locks,
-            specs=self._specs,
-            holders=self._holders,
-            planner=self._plan,
-            effects=self._effects,
-        )
 
     async def _plan(self, ref: ClaimRef, span: trace.Span) -> Prepared:
         """Read and plan one claim (``claim_steps.read_and_plan``)."""
