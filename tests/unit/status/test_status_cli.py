@@ -184,7 +184,15 @@ async def test_watch_redraws_every_two_seconds(
     monkeypatch.setattr(status_cli, "WATCH_INTERVAL_S", 0.2)
     argv = ["status", "--simulate", "dgx-h100", "--plugins-dir", str(host), "--watch"]
     args = build_parser(argv).parse_args([*argv, "--cdi-root", str(host.parent / "cdi")])
-    with anyio.move_on_after(1.0):
-        await status_cli.run(args)
-    out = capsys.readouterr().out
+    out = ""
+    # until three frames are out (about 1 s; a frame's collection waits for the CPU under
+    # the parallel suite's load: one second alone drew only two there), at most 10 s
+    with anyio.move_on_after(10.0):
+        async with anyio.create_task_group() as group:
+            group.start_soon(status_cli.run, args)
+            while out.count("\x1b[H\x1b[2J") < 3:
+                await anyio.sleep(0.05)
+                out += capsys.readouterr().out
+            group.cancel_scope.cancel()
+    out += capsys.readouterr().out
     assert out.count("\x1b[H\x1b[2J") >= 3 and out.count("1 drift finding(s)") >= 3
