@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import shutil
+import socket
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -13,11 +15,19 @@ import pytest
 
 from agent.hardware.simulated import SimulatedHost
 from agent.hardware.simulated.install import uninstall
-from agent.sim.control import control_socket_path
+from agent.sim.control import client, control_socket_path
 from agent.sim.control.client import ControlError, send_request
 from agent.sim.control.server import SimulationControl
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory under /tmp: a unix socket's path must stay under 108 bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="ctl-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture
@@ -73,6 +83,61 @@ async def test_bad_requests_are_refused(
 async def test_no_agent_listening_says_what_to_check(tmp_path: Path) -> None:
     with pytest.raises(ControlError, match="is `gpu-dra-agent run --simulate"):
         await send_request(tmp_path / "none.sock", {"op": "recover", "gpu": "0"})
+
+
+async def test_a_request_waits_for_a_socket_that_opens_later(
+    short_dir: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent opens its control socket once its engine runs: a request sent right after
+    its start waits for it (and says so after a moment) instead of failing."""
+    monkeypatch.setattr(client, "NOTICE_AFTER", 0.1)
+    host = SimulatedHost.start("dgx-h100", short_dir / "host")
+    path = control_socket_path(short_dir / "plugins" / "gpu.nvidia.com")  # no directory yet
+    try:
+        async with anyio.create_task_group() as group:
+
+            async def agent_starts() -> None:
+                await anyio.sleep(0.5)
+                path.parent.mkdir(parents=True)
+                await group.start(SimulationControl(path, host.library).run)
+
+            group.start_soon(agent_starts)
+            with caplog.at_level(logging.INFO, logger=client.__name__):
+                reply = await send_request(path, {"op": "recover", "gpu": "1"}, wait=10)
+            group.cancel_scope.cancel()
+    finally:
+        host.stop()
+        uninstall()
+    assert reply["ok"] is True and reply["gpu"] == 1
+    [notice] = [r.getMessage() for r in caplog.records if r.name == client.__name__]
+    assert notice.startswith(f"waiting up to 10 s for the simulated agent's control socket {path}")
+
+
+@pytest.mark.parametrize("where", ["no directory", "no socket", "a dead socket"])
+async def test_the_wait_is_bounded_and_says_what_it_waited_for(short_dir: Path, where: str) -> None:
+    path = control_socket_path(short_dir / "plugin")
+    if where != "no directory":
+        path.parent.mkdir()
+    dead = socket.socket(socket.AF_UNIX)
+    if where == "a dead socket":  # a killed agent's file: bound, nobody listening
+        dead.bind(str(path))
+    why = {
+        "no directory": f"its directory {path.parent} does not exist",
+        "no socket": "the socket does not exist",
+        "a dead socket": "nothing listens on it (connection refused",
+    }[where]
+    started = time.monotonic()
+    try:
+        with pytest.raises(ControlError) as raised:
+            await send_request(path, {"op": "recover", "gpu": "0"}, wait=0.3)
+    finally:
+        dead.close()
+    assert 0.3 <= time.monotonic() - started < 3
+    message = str(raised.value)
+    assert message.startswith(
+        f"cannot reach the simulated agent's control socket {path} after 0.3 s of waiting for "
+        f"the agent to open it (once its prepare engine runs): {why}"
+    ), message
 
 
 async def test_a_gpu_instance_destroyed_behind_the_agents_back(
