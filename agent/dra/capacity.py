@@ -7,7 +7,9 @@ take: a ``default`` (taken when the request names no amount) and either ``validR
 (``min``, optional ``max``, optional ``step``: an amount is rounded up to ``min + k*step``) or
 ``validValues`` (sorted, at most 10: an amount is rounded up to the next valid value). The
 API server rejects a policy whose default lies outside the range or is not on its steps, and
-one whose ``max`` is not on them either; :class:`RequestPolicy` refuses the same.
+one whose ``max`` is not on them either; :class:`RequestPolicy` refuses the same. Against the
+capacity's ``value`` it also rejects a ``min``, ``max`` or valid value above it and a step
+that takes ``min`` past it (``min + step <= value``): :meth:`RequestPolicy.check_capacity`.
 
 Without a policy, a request takes what it names, or the whole capacity when it names nothing.
 :func:`consumed_amount` is that rule, shared by the embedded allocator and ``explain``.
@@ -68,6 +70,23 @@ class RequestPolicy:
         if self.maximum is not None and not self._on_step(self.maximum):
             raise InvalidValueError(
                 f"validRange.max {self.maximum} is not min + a multiple of step"
+            )
+
+    def check_capacity(self, value: Fraction | int, owner: str) -> None:
+        """Raise InvalidValueError unless the API server accepts the policy on a capacity of
+        ``value`` (``owner`` names the capacity in the message)."""
+        if self.valid_values:
+            if self.valid_values[-1] > value:
+                raise InvalidValueError(f"{owner}: validValues pass the capacity value {value}")
+            return
+        assert self.minimum is not None
+        top = self.minimum if self.maximum is None else self.maximum
+        if top > value:
+            raise InvalidValueError(f"{owner}: validRange {top} passes the capacity value {value}")
+        if self.step is not None and self.minimum + self.step > value:
+            raise InvalidValueError(
+                f"{owner}: one step from min ({self.minimum} + {self.step}) passes the "
+                f"capacity value {value}"
             )
 
     def _on_step(self, amount: int) -> bool:

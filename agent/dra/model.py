@@ -251,7 +251,8 @@ class DraDevice:
 
 
 def _check_policies(device: DraDevice) -> None:
-    """A request policy needs ``allowMultipleAllocations`` and a capacity of its name."""
+    """A request policy needs ``allowMultipleAllocations`` and a capacity of its name, and
+    must suit that capacity's value (:meth:`RequestPolicy.check_capacity`)."""
     if device.request_policies and not device.allow_multiple_allocations:
         raise InvalidValueError(
             f"device {device.name!r}: a capacity request policy needs allowMultipleAllocations"
@@ -259,6 +260,12 @@ def _check_policies(device: DraDevice) -> None:
     unknown = sorted(set(device.request_policies) - set(device.capacity))
     if unknown:
         raise InvalidNameError(f"device {device.name!r}: request policy for no capacity {unknown}")
+    for name, policy in device.request_policies.items():
+        raw = device.capacity[name]
+        value = (
+            raw if isinstance(raw, int) else parse_quantity(_quantity_text(device.name, name, raw))
+        )
+        policy.check_capacity(value, f"device {device.name!r}: capacity {name!r}")
     if not isinstance(device.allow_multiple_allocations, bool):
         raise InvalidValueError(f"device {device.name!r}: allowMultipleAllocations is a bool")
 

@@ -16,7 +16,11 @@ are the incumbent's (nvidia-driver-facts.md, ConsumableShares):
 
 Every other capacity (a MIG device's multiprocessors, engines and memory slices) gets a
 policy whose default is 0: without one, a share that names nothing would take all of it (the
-API's rule), and a MIG device would hold one share only. Every device with memory is shared:
+API's rule), and a MIG device would hold one share only. A capacity of 0 (a 1g profile's
+encoders and ofaEngines) gets none: the API server refuses a ``validRange`` whose
+``min + step`` passes the value, and a share that names nothing takes all of nothing. For
+the same rule a range drops its step when one step from ``min`` would pass the value (its
+one amount is then ``min``: a ``shares`` capacity of 1). Every device with memory is shared:
 full GPUs, static MIG devices and, with ``--dynamic-mig``, the MIG placements and full GPUs
 that consume a GPU's shared counters. A share of a placement uses the one instance made for
 its first share: the counters are consumed once while any share of the device is allocated
@@ -90,19 +94,26 @@ def share_device(device: DraDevice, mode: SharesMode) -> DraDevice:
     capacity = dict(device.capacity)
     capacity[MEMORY] = memory
     if mode.kind == "memory":
-        policies = {MEMORY: RequestPolicy(top, MEMORY_STEP, top, MEMORY_STEP)}
+        policies = {MEMORY: _ranged(top, MEMORY_STEP, top, MEMORY_STEP, memory)}
     else:
-        policies = {MEMORY: RequestPolicy(0, 0, top, MEMORY_STEP)}
+        policies = {MEMORY: _ranged(0, 0, top, MEMORY_STEP, memory)}
     if mode.kind == "count":
         capacity[SHARES] = mode.shares
-        policies[SHARES] = RequestPolicy(1, 1, mode.shares, 1)
+        policies[SHARES] = _ranged(1, 1, mode.shares, 1, mode.shares)
     for name, value in capacity.items():  # a MIG device's engines: none unless asked for
-        if name not in policies:
-            amount = int(parse_quantity(str(value)))
-            policies[name] = RequestPolicy(0, 0, amount, 1)
+        amount = 0 if name in policies else int(parse_quantity(str(value)))
+        if amount > 0:  # a capacity of 0: no policy (module docstring)
+            policies[name] = _ranged(0, 0, amount, 1, amount)
     return replace(
         device, capacity=capacity, allow_multiple_allocations=True, request_policies=policies
     )
+
+
+def _ranged(default: int, minimum: int, maximum: int, step: int, value: int) -> RequestPolicy:
+    """A ``validRange`` policy for a capacity of ``value`` that the API server accepts: the
+    step is left out when ``minimum + step`` passes the value (``maximum <= value`` is then
+    ``minimum``, the one amount the step allowed)."""
+    return RequestPolicy(default, minimum, maximum, step if minimum + step <= value else None)
 
 
 def share_devices(devices: tuple[DraDevice, ...], mode: SharesMode) -> tuple[DraDevice, ...]:

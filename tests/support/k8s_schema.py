@@ -5,7 +5,10 @@ hides every other mistake in a generated manifest. Here the same strict schemas 
 fields rejected) are loaded from the installed package and checked with ``jsonschema``'s
 ``iter_errors`` over a ``referencing`` registry holding the package's ``_definitions.json``,
 so every error is reported, with its path. Schema-only: values the schema leaves free (a
-taint effect, a name's syntax) are the model's own checks.
+taint effect, a name's syntax) are the model's own checks, except for the ResourceSlice rules
+the API server enforces beyond the schema and a test must not miss: a pool's counter and
+device limits (:func:`pool_rule_errors`) and capacity request policies
+(:func:`request_policy_errors`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -22,6 +26,8 @@ from typing import Any
 import yaml
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
+
+from agent.dra.quantity import parse_quantity
 
 SUPPORTED_VERSIONS = ("1.34", "1.35", "1.36", "1.37")
 
@@ -217,4 +223,74 @@ def pool_rule_errors(slices: Iterable[Mapping[str, Any]], version: str) -> list[
                     errors.append(f"{where}: device {name} consumes unpublished {set_name}")
         if minor <= 34 and consumed > 1024:
             errors.append(f"{where}: devices consume {consumed} counters, at most 1024")
+    return errors
+
+
+def request_policy_errors(slices: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The KEP-5075 request-policy rules the API server checks beyond the schema (resource.k8s.io
+    validation, ``validateRequestPolicy``), over every capacity of every device of ``slices``.
+
+    A ``requestPolicy`` needs ``allowMultipleAllocations: true`` and one of ``validValues`` and
+    ``validRange``, and its ``default``. ``validValues``: ascending, distinct, at most 10, each
+    at most the capacity's value, the default among them. ``validRange``: a ``min``, with
+    ``min <= value``, ``min <= default``; with ``max``: ``min <= max <= value`` and
+    ``default <= max``; with ``step`` (positive): ``min + step <= value`` and the default and
+    max a multiple of step counted from min. (Without ``max`` the server leaves the default
+    above the value alone, and so does this check.)
+    """
+    errors: list[str] = []
+    for index, obj in enumerate(slices):
+        for device in obj["spec"].get("devices") or []:
+            shared = device.get("allowMultipleAllocations") is True
+            for name, capacity in (device.get("capacity") or {}).items():
+                policy = capacity.get("requestPolicy")
+                if policy is None:
+                    continue
+                where = f"slice {index}: device {device['name']}: capacity {name}"
+                if not shared:
+                    errors.append(f"{where}: requestPolicy without allowMultipleAllocations")
+                value = parse_quantity(str(capacity["value"]))
+                errors.extend(f"{where}: {e}" for e in _policy_errors(policy, value))
+    return errors
+
+
+def _policy_errors(policy: Mapping[str, Any], value: Fraction) -> list[str]:
+    values, valid_range = policy.get("validValues") or [], policy.get("validRange")
+    if values and valid_range is not None:
+        return ["both validValues and validRange"]
+    if not values and valid_range is None:
+        return []
+    if policy.get("default") is None:
+        return ["no default"]
+    default = parse_quantity(str(policy["default"]))
+    if values:
+        options = [parse_quantity(str(v)) for v in values]
+        errors = [f"validValue {v} above the value {value}" for v in options if v > value]
+        if options != sorted(set(options)) or len(options) > 10:
+            errors.append(f"validValues {values}: at most 10, ascending, distinct")
+        if default not in options:
+            errors.append(f"default {default} is not among validValues")
+        return errors
+    if valid_range.get("min") is None:
+        return ["validRange without min"]
+    low = parse_quantity(str(valid_range["min"]))
+    errors = [f"min {low} above the value {value}"] if low > value else []
+    if default < low:
+        errors.append(f"default {default} below min {low}")
+    high = valid_range.get("max")
+    top = None if high is None else parse_quantity(str(high))
+    if top is not None:
+        if top < low or top > value:
+            errors.append(f"max {top} outside min {low} to the value {value}")
+        if default > top:
+            errors.append(f"default {default} above max {top}")
+    if valid_range.get("step") is not None:
+        step = parse_quantity(str(valid_range["step"]))
+        if step <= 0:
+            return [*errors, f"step {step} is not positive"]
+        if low + step > value:
+            errors.append(f"min + step ({low} + {step}) above the value {value}")
+        for label, amount in (("default", default), ("max", top)):
+            if amount is not None and (amount - low) % step:
+                errors.append(f"{label} {amount} is not min {low} + a multiple of step {step}")
     return errors

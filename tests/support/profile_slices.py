@@ -13,6 +13,7 @@ import anyio
 
 from agent.dra import build_device_set, build_slices
 from agent.dra.partitionable import DynamicMig
+from agent.dra.shares import SharesMode
 from agent.dra.slices import SliceLayout
 from agent.hardware.discovery import discover_host
 from agent.hardware.inventory import Inventory
@@ -29,9 +30,15 @@ def profile_inventory(profile: str) -> Inventory:
 
 @cache
 def _slices(
-    profile: str, node: str, dynamic_mig: DynamicMig | None, slice_layout: SliceLayout
+    profile: str,
+    node: str,
+    dynamic_mig: DynamicMig | None,
+    slice_layout: SliceLayout,
+    shares: SharesMode | None,
 ) -> tuple[dict[str, Any], ...]:
-    device_set = build_device_set(profile_inventory(profile), dynamic_mig=dynamic_mig)
+    device_set = build_device_set(
+        profile_inventory(profile), dynamic_mig=dynamic_mig, shares=shares
+    )
     slices = build_slices(
         device_set.devices,
         node_name=node,
@@ -50,7 +57,9 @@ def profile_slices(
     *,
     dynamic_mig: DynamicMig | None = None,
     slice_layout: SliceLayout = "split",
+    shares: SharesMode | None = None,
 ) -> list[dict[str, Any]]:
     """A fresh copy each call: tests may edit them (taints, counters). ``dynamic_mig``
-    publishes as ``--dynamic-mig`` does, laid out by ``slice_layout``."""
-    return copy.deepcopy(list(_slices(profile, node, dynamic_mig, slice_layout)))
+    publishes as ``--dynamic-mig`` does, laid out by ``slice_layout``; ``shares`` as
+    ``--consumable-shares``."""
+    return copy.deepcopy(list(_slices(profile, node, dynamic_mig, slice_layout, shares)))

@@ -24,9 +24,10 @@ Implemented:
     HTTP ``GET /debug/embedded/requests``, ``POST /debug/embedded/restart``).
 
 Not implemented: authentication, authorization and RBAC (the token is ignored); admission; OpenAPI
-schema validation and defaulting (only names, ResourceSlice required/immutable fields, kind and
-namespace are checked); graceful deletion periods and foreground/orphan propagation (finalizers are
-honoured: a delete marks ``deletionTimestamp``, removing the last finalizer completes it); feature gates
+schema validation and defaulting (only names, ResourceSlice required/immutable fields, the
+capacities' request policies as kube-apiserver checks them (:mod:`.policies`), kind and namespace are
+checked); graceful deletion periods and foreground/orphan propagation (finalizers are honoured: a
+delete marks ``deletionTimestamp``, removing the last finalizer completes it); feature gates
 (no fields are dropped); server-side apply (``application/apply-patch+yaml`` is 415); strategic-merge
 list merging by key and ``$patch`` directives; ``resourceVersion``/``resourceVersionMatch`` on LIST
 (always the latest state); dry run; field managers; label-selector ``>``/``<``; namespaces as objects

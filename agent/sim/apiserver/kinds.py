@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.sim.apiserver.errors import ApiError
+from agent.sim.apiserver.policies import request_policy_errors
 
 Obj = dict[str, Any]
 Validator = Callable[["ResourceKind", Obj, Obj | None], None]
@@ -111,6 +112,16 @@ def validate_resource_slice(kind: ResourceKind, obj: Obj, old: Obj | None) -> No
                 raise kind.invalid(name, f"{immutable}: Invalid value: field is immutable")
 
 
+def validate_request_policies(kind: ResourceKind, obj: Obj, old: Obj | None) -> None:
+    """The devices' capacity request policies (KEP-5075), as kube-apiserver checks them
+    (``policies``); several errors are listed as kube-apiserver lists them, in brackets."""
+    spec = obj.get("spec")
+    errors = request_policy_errors(spec) if isinstance(spec, dict) else []
+    if errors:
+        message = errors[0] if len(errors) == 1 else f"[{', '.join(errors)}]"
+        raise kind.invalid(obj["metadata"].get("name"), message)
+
+
 def validate_resource_claim(kind: ResourceKind, obj: Obj, old: Obj | None) -> None:
     """A ResourceClaim's spec is immutable once created (the scheduler relies on it)."""
     if old is not None and obj.get("spec") != old.get("spec"):
@@ -121,7 +132,7 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
     ResourceKind(
         "resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False,
         field_selectors=("spec.nodeName", "spec.driver"),
-        validators=(validate_metadata, validate_resource_slice),
+        validators=(validate_metadata, validate_resource_slice, validate_request_policies),
     ),
     ResourceKind(
         "resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True,

@@ -173,3 +173,58 @@ def test_consumed_amount(requested: int | None, policy: dict | None, consumed: i
     asked = None if requested is None else Fraction(requested)
     got = consumed_amount(asked, Fraction(80 * GI), policy)
     assert got == (None if consumed is None else Fraction(consumed))
+
+
+def test_a_capacity_of_zero_gets_no_policy() -> None:
+    """A 1g placement has no encoder: the API server refuses any range with a step on a
+    capacity of 0 (min + step <= value), so the capacity is published without a policy."""
+    devices = build_device_set(
+        h100_node(1), dynamic_mig=DynamicMig(), shares=SharesMode("memory")
+    ).devices
+    small = next(d for d in devices if "-mig-1g" in d.name)
+    capacity = small.to_dict()["capacity"]
+    zero = sorted(name for name, entry in capacity.items() if entry["value"] == "0")
+    assert "encoders" in zero
+    assert all("requestPolicy" not in capacity[name] for name in zero)
+    assert all("requestPolicy" in entry for entry in capacity.values() if entry["value"] != "0")
+    consumed = consumed_amount(None, Fraction(0), capacity["encoders"].get("requestPolicy"))
+    assert consumed == 0  # a share that names nothing takes all of nothing
+
+
+def test_one_share_has_no_step() -> None:
+    """``--consumable-shares 1``: min 1 + step 1 would pass the capacity of 1."""
+    shares = gpu0(SharesMode("count", 1)).to_dict()["capacity"]["shares"]
+    assert shares == {
+        "value": "1",
+        "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "1"}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "policy", "message"),
+    [
+        (0, RequestPolicy(0, 0, 0, 1), r"one step from min \(0 \+ 1\) passes"),
+        (1, RequestPolicy(1, 1, 1, 1), r"one step from min \(1 \+ 1\) passes"),
+        (4, RequestPolicy(0, 0, 8, 1), "validRange 8 passes the capacity value 4"),
+        (4, RequestPolicy(5, 5), "validRange 5 passes the capacity value 4"),
+        (4, RequestPolicy(2, valid_values=(2, 8)), "validValues pass the capacity value 4"),
+    ],
+)
+def test_policy_must_suit_its_capacity(value: int, policy: RequestPolicy, message: str) -> None:
+    with pytest.raises(InvalidValueError, match=message):
+        DraDevice(
+            "d",
+            capacity={"c": value},
+            allow_multiple_allocations=True,
+            request_policies={"c": policy},
+        )
+    with pytest.raises(InvalidValueError, match=message):  # a quantity string, the same
+        DraDevice(
+            "d",
+            capacity={"c": str(value)},
+            allow_multiple_allocations=True,
+            request_policies={"c": policy},
+        )
+    DraDevice(
+        "d", capacity={"c": 8}, allow_multiple_allocations=True, request_policies={"c": policy}
+    )

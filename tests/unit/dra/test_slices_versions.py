@@ -5,8 +5,10 @@ combined, 1.35+ split) and the taint effects it may use (``None`` from 1.35). Fo
 supported version (1.34 to 1.37) and each way of publishing (static devices, dynamic MIG,
 dynamic MIG adopting static instances, consumable shares in every mode, all of these with a
 taint on every device), the slices of real simulated hosts must pass the strict schema of
-that version and the pool rules the API server checks beyond it (64 devices per slice with
-taints or counters, counter-set limits: ``tests/support/k8s_schema.pool_rule_errors``).
+that version and the rules the API server checks beyond it (64 devices per slice with
+taints or counters, counter-set limits: ``tests/support/k8s_schema.pool_rule_errors``; the
+capacities' request policies: ``k8s_schema.request_policy_errors``). Every shipped host,
+with and without dynamic MIG, has its request policies checked in every shares mode.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from agent.dra.model import DeviceTaint
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import parse_mode
 from agent.dra.slices import layout_for_version
+from agent.hardware.simulated import shipped_profiles
 from tests.support import k8s_schema
 from tests.support.profile_slices import profile_inventory
 
@@ -43,7 +46,12 @@ def version_tuple(version: str) -> tuple[int, int]:
 
 
 def published(profile: str, mode: str, version: str, *, tainted: bool) -> list[dict[str, Any]]:
-    settings: dict[str, Any] = MODES[mode]
+    return publish(profile, MODES[mode], version, tainted=tainted)
+
+
+def publish(
+    profile: str, settings: dict[str, Any], version: str, *, tainted: bool
+) -> list[dict[str, Any]]:
     inventory = profile_inventory(profile)
     devices: DeviceSet = build_device_set(inventory, **settings)
     if tainted:  # every device, with the effect health would choose for this version
@@ -75,6 +83,7 @@ def test_every_published_slice_is_valid(
     for item in slices:
         assert k8s_schema.schema_errors(item, version) == [], item["spec"].get("devices", [])[:1]
     assert k8s_schema.pool_rule_errors(slices, version) == []
+    assert k8s_schema.request_policy_errors(slices) == []
     if tainted:  # the 64-device limit bites: no slice holds more; effects the version knows
         assert all(len(item["spec"].get("devices") or []) <= 64 for item in slices)
         devices = [d for i in slices for d in i["spec"].get("devices") or []]
@@ -82,13 +91,84 @@ def test_every_published_slice_is_valid(
         assert effects <= k8s_schema.taint_effects(version)
 
 
+@pytest.mark.parametrize("shares", ["memory", "unlimited", "1", "8"])
+@pytest.mark.parametrize("dynamic_mig", [False, True], ids=["static", "dynamic-mig"])
+@pytest.mark.parametrize("profile", shipped_profiles())
+def test_every_request_policy_is_valid(profile: str, dynamic_mig: bool, shares: str) -> None:
+    """Every shipped host in every ``--consumable-shares`` mode, with and without
+    ``--dynamic-mig``: the API server accepts each capacity's request policy (a MIG device's
+    capacity of 0 and a ``shares`` capacity of 1 among them)."""
+    settings: dict[str, Any] = {"shares": parse_mode(shares)}
+    if dynamic_mig:
+        settings["dynamic_mig"] = DynamicMig()
+    slices = publish(profile, settings, "1.37", tainted=False)
+    devices = [d for item in slices for d in item["spec"].get("devices") or []]
+    assert any("requestPolicy" in c for d in devices for c in d["capacity"].values())
+    assert k8s_schema.request_policy_errors(slices) == []
+
+
+def policy_slice(capacity: dict[str, Any], shared: bool) -> dict[str, Any]:
+    device = {"name": "d", "capacity": {"c": capacity}, "allowMultipleAllocations": shared}
+    return {"spec": {"devices": [device]}}
+
+
+def ranged(
+    value: str, default: str, low: str, high: str | None, step: str | None
+) -> dict[str, Any]:
+    bounds = {"min": low} | ({} if high is None else {"max": high})
+    bounds |= {} if step is None else {"step": step}
+    return {"value": value, "requestPolicy": {"default": default, "validRange": bounds}}
+
+
+@pytest.mark.parametrize(
+    ("capacity", "shared", "expected"),
+    [
+        (ranged("8", "2", "0", "8", "2"), True, []),
+        (ranged("1", "1", "1", "1", None), True, []),  # one amount: no step needed
+        (ranged("8", "2", "0", "8", "2"), False, ["without allowMultipleAllocations"]),
+        (ranged("0", "0", "0", "0", "1"), True, ["min + step (0 + 1) above the value 0"]),
+        (ranged("1", "1", "1", "1", "1"), True, ["min + step (1 + 1) above the value 1"]),
+        (ranged("8", "0", "1", "8", None), True, ["default 0 below min 1"]),
+        (ranged("8", "8", "0", "4", None), True, ["default 8 above max 4"]),
+        (ranged("8", "9", "9", None, None), True, ["min 9 above the value 8"]),
+        (ranged("8", "0", "0", "9", None), True, ["max 9 outside min 0 to the value 8"]),
+        (ranged("8", "3", "1", "7", "3"), True, ["default 3 is not min 1 + a multiple"]),
+        (ranged("8", "4", "1", "8", "3"), True, ["max 8 is not min 1 + a multiple"]),
+        (ranged("8", "0", "0", "8", "0"), True, ["step 0 is not positive"]),
+        ({"value": "8", "requestPolicy": {"default": "2", "validValues": ["2", "9"]}}, True,
+         ["validValue 9 above the value 8"]),
+        ({"value": "8", "requestPolicy": {"default": "3", "validValues": ["2", "4"]}}, True,
+         ["default 3 is not among validValues"]),
+        ({"value": "8", "requestPolicy": {"default": "2", "validValues": ["4", "2"]}}, True,
+         ["ascending"]),
+    ],
+)  # fmt: skip
+def test_request_policy_rules(capacity: dict[str, Any], shared: bool, expected: list[str]) -> None:
+    """Each rule of ``k8s_schema.request_policy_errors`` on its own (the server's rules)."""
+    errors = k8s_schema.request_policy_errors([policy_slice(capacity, shared)])
+    assert len(errors) == len(expected), errors
+    for error, part in zip(errors, expected, strict=True):
+        assert error.startswith("slice 0: device d: capacity c: ") and part in error
+
+
 def test_the_checks_can_fail() -> None:
-    """A shared device's policy broken by hand is caught by the schema, a too-large tainted
-    slice by the pool rules."""
+    """A shared device's policy broken by hand is caught by the schema, one whose step
+    passes its capacity by the request-policy rules, a too-large tainted slice by the pool
+    rules."""
     slices = published("dgx-h100", "shares-memory", "1.37", tainted=False)
     capacity = slices[0]["spec"]["devices"][0]["capacity"]["memory"]
     capacity["requestPolicy"]["validRange"]["stride"] = "1Mi"
     assert k8s_schema.schema_errors(slices[0], "1.37")
+    shared = published("dgx-h100", "dynamic-mig-shares", "1.37", tainted=False)
+    devices = [d for item in shared for d in item["spec"].get("devices") or []]
+    encoders = next(d["capacity"]["encoders"] for d in devices if "-mig-1g" in d["name"])
+    assert encoders["value"] == "0" and "requestPolicy" not in encoders
+    encoders["requestPolicy"] = {
+        "default": "0",
+        "validRange": {"min": "0", "max": "0", "step": "1"},
+    }
+    [error] = k8s_schema.request_policy_errors(shared)
+    assert "encoders: min + step (0 + 1) above the value 0" in error
     tainted = published("dgx-h100", "dynamic-mig", "1.37", tainted=True)
     devices = [d for item in tainted for d in item["spec"].get("devices") or []]
     big = {**tainted[-1], "spec": {**tainted[-1]["spec"], "devices": devices[:65]}}

@@ -10,7 +10,10 @@ import aiohttp
 import pytest
 from kubernetes_asyncio import client
 
+from agent.dra.partitionable import DynamicMig
+from agent.dra.shares import parse_mode
 from agent.sim.apiserver import EmbeddedApiServer
+from tests.support.profile_slices import profile_slices
 from tests.unit.sim.conftest import slice_body
 
 pytestmark = pytest.mark.anyio
@@ -272,3 +275,34 @@ async def test_claim_spec_is_immutable_and_bad_params_are_400(http: aiohttp.Clie
     for params in ({"limit": "ten"}, {"watch": "true", "timeoutSeconds": "-1"}):
         status, body = await call(http, "GET", SLICES, **params)
         assert (status, body["reason"]) == (400, "BadRequest")
+
+
+@pytest.fixture(params=["dgx-h100", "dgx-a100"])
+def shared_slices(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
+    """What ``--dynamic-mig --consumable-shares memory`` publishes on a simulated host (built
+    outside the event loop: discovery runs its own)."""
+    shares, dynamic_mig = parse_mode("memory"), DynamicMig()
+    return profile_slices(request.param, "node1", dynamic_mig=dynamic_mig, shares=shares)
+
+
+async def test_request_policies_over_http(
+    http: aiohttp.ClientSession, shared_slices: list[dict[str, Any]]
+) -> None:
+    """The slices ``--dynamic-mig --consumable-shares memory`` publishes are accepted; the
+    same slice with a step on a capacity of 0 (a 1g placement's encoders) is refused with 422,
+    as kube-apiserver refuses it."""
+    slices = shared_slices
+    for item in slices:
+        status, _ = await call(http, "POST", SLICES, item)
+        assert status == 201
+    bad = next(item for item in slices if item["spec"].get("devices"))
+    bad["metadata"] = {"name": "bad"}
+    device = next(d for d in bad["spec"]["devices"] if "-mig-1g" in d["name"])
+    device["capacity"]["encoders"]["requestPolicy"] = {
+        "default": "0",
+        "validRange": {"min": "0", "max": "0", "step": "1"},
+    }
+    status, body = await call(http, "POST", SLICES, bad)
+    assert (status, body["reason"]) == (422, "Invalid")
+    assert "capacity[encoders].requestPolicy.validRange.step" in body["message"]
+    assert "one step 1 is larger than capacity value: 0" in body["message"]

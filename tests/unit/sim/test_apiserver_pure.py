@@ -1,4 +1,5 @@
-"""The pure parts of the embedded API server: selectors, patches, store history."""
+"""The pure parts of the embedded API server: selectors, patches, store history, the request
+policies of ResourceSlices."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from agent.sim.apiserver import ApiError, KindRegistry
 from agent.sim.apiserver.patch import apply_patch, json_patch, merge_patch
 from agent.sim.apiserver.selectors import Selector, parse_label_selector
 from agent.sim.apiserver.store import ObjectStore
+from tests.support import k8s_schema
 from tests.unit.sim.conftest import slice_body
 
 KINDS = KindRegistry()
@@ -112,3 +114,80 @@ def test_history_window_and_global_resource_version() -> None:
         store.events_after(1)
     assert gone.value.code == 410
     assert [e.type for e in store.events_after(2)] == ["ADDED", "DELETED"]
+
+
+def policy_body(value: str, policy: dict[str, Any], shared: bool = True) -> dict[str, Any]:
+    body = slice_body(name="s")
+    device = body["spec"]["devices"][0]
+    device["capacity"] = {"c": {"value": value, "requestPolicy": policy}}
+    if shared:
+        device["allowMultipleAllocations"] = True
+    return body
+
+
+def ranged(
+    default: str, low: str, high: str | None = None, step: str | None = None
+) -> dict[str, Any]:
+    bounds = {"min": low} | ({} if high is None else {"max": high})
+    return {"default": default, "validRange": bounds | ({} if step is None else {"step": step})}
+
+
+@pytest.mark.parametrize(
+    ("value", "policy", "shared", "message"),
+    [
+        ("8", ranged("2", "0", "8", "2"), True, None),
+        ("1", ranged("1", "1", "1"), True, None),  # one amount, no step
+        ("8", {"default": "2", "validValues": ["2", "8"]}, True, None),
+        ("8", ranged("2", "0", "8", "2"), False, "Forbidden: allowMultipleAllocations must be"),
+        ("0", ranged("0", "0", "0", "1"), True, 'step: Invalid value: "1": one step 1 is larger'),
+        ("1", ranged("1", "1", "1", "1"), True, "one step 2 is larger than capacity value: 1"),
+        ("8", ranged("0", "1", "8"), True, "default is less than min: 1"),
+        ("8", ranged("8", "0", "4"), True, "default is more than max: 4"),
+        ("8", ranged("9", "9"), True, "min is larger than capacity value: 8"),
+        ("8", ranged("0", "0", "9"), True, "max is larger than capacity value: 8"),
+        ("8", ranged("3", "1", "7", "3"), True, '"3": value is not a multiple of a given step'),
+        ("8", ranged("4", "1", "8", "3"), True, '"8": value is not a multiple of a given step'),
+        ("8", {"default": "2", "validValues": ["2", "9"]}, True, "option is larger than capacity"),
+        ("8", {"default": "3", "validValues": ["2", "4"]}, True, "default value is not valid"),
+        ("8", {"default": "2", "validValues": ["4", "2"]}, True, "sorted in ascending order"),
+        ("8", {"default": "2", "validValues": ["2", "2"]}, True, 'Duplicate value: "2"'),
+        ("8", {"validRange": {"min": "0"}}, True, "default: Required value"),
+        ("8", {"default": "0", "validRange": {}}, True, "min: Required value"),
+    ],
+)
+def test_request_policies_as_kube_apiserver_checks_them(
+    value: str, policy: dict[str, Any], shared: bool, message: str | None
+) -> None:
+    """The embedded server refuses (422) the request policies kube-apiserver refuses, and
+    agrees with the rules the slice tests check (``k8s_schema.request_policy_errors``)."""
+    body = policy_body(value, policy, shared)
+    store = ObjectStore(KINDS)
+    if message is None:
+        store.put(SLICE, body)
+        assert k8s_schema.request_policy_errors([body]) == []
+        return
+    with pytest.raises(ApiError) as error:
+        store.put(SLICE, body)
+    assert error.value.code == 422
+    assert error.value.message.startswith('ResourceSlice "s" is invalid: spec.devices[0].')
+    assert "capacity[c].requestPolicy" in error.value.message and message in error.value.message
+    assert k8s_schema.request_policy_errors([body])
+
+
+def test_every_policy_error_is_listed() -> None:
+    body = policy_body("0", ranged("1", "1", "2", "1"))
+    with pytest.raises(ApiError) as error:
+        ObjectStore(KINDS).put(SLICE, body)
+    listed = error.value.message.removeprefix('ResourceSlice "s" is invalid: ')
+    assert listed.startswith("[") and listed.endswith("]")
+    assert listed.count("spec.devices[0].capacity[c].requestPolicy.validRange") == 3
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [{"default": "0", "validRange": "0"}, {"default": "0", "validValues": "0"}],
+)
+def test_a_malformed_policy_is_refused(policy: dict[str, Any]) -> None:
+    with pytest.raises(ApiError) as error:
+        ObjectStore(KINDS).put(SLICE, policy_body("8", policy))
+    assert error.value.code == 422 and "validRange an object" in error.value.message
