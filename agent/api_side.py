@@ -85,11 +85,13 @@ async def _connect(
     config: AgentConfig, stack: AsyncExitStack, pending_reader: Pending[ClaimReader]
 ) -> ApiSide:
     from agent.kube.claims import ApiClaimReader
-    from agent.kube.client import create_api_client
+    from agent.kube.client import create_api_client, user_agent
     from agent.kube.events import DEFAULT_TIMEOUT_S as EVENT_TIMEOUT_S
     from agent.kube.events import ApiEventPoster
 
-    api_client = await create_api_client(config.kubeconfig)
+    api_client = await create_api_client(
+        config.kubeconfig, agent=user_agent("gpu-dra-agent", config.node_name)
+    )
     stack.push_async_callback(api_client.close)
     timeout = config.api_timeout_s  # --api-timeout-seconds: every API client below
     claim_reader = ApiClaimReader(api_client, timeout_s=timeout)

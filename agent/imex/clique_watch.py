@@ -17,13 +17,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import aiohttp
 import anyio
 
 from agent.imex.cliques import CLIQUE_PLURAL, daemon_entries
 from agent.imex.documents import GROUP, VERSION, NodeEntry, Obj
 from agent.kube.backoff import Backoff, retry_after
-from agent.kube.rawapi import WatchExpiredError, watch_events
+from agent.kube.rawcall import WatchExpiredError, open_watch, watch_events
 
 log = logging.getLogger(__name__)
 
@@ -115,17 +114,12 @@ class CliqueWatch:
     async def _watch(self, name: str, version: str) -> str:
         """One watch request from ``version``; returns the last version seen."""
         self.watches += 1
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.request_timeout, sock_read=self.watch_timeout + 30
-        )
-        with anyio.fail_after(self.request_timeout):
-            response: Any = await self._custom.list_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, CLIQUE_PLURAL,
-                field_selector=f"metadata.name={name}", watch=True,
-                allow_watch_bookmarks=True, resource_version=version,
-                timeout_seconds=self.watch_timeout,
-                _preload_content=False, _request_timeout=timeout,
-            )  # fmt: skip
+        response = await open_watch(
+            self._custom.list_namespaced_custom_object,
+            GROUP, VERSION, self.namespace, CLIQUE_PLURAL,
+            connect_timeout=self.request_timeout, timeout_seconds=self.watch_timeout,
+            field_selector=f"metadata.name={name}", resource_version=version,
+        )  # fmt: skip
         started, events = anyio.current_time(), 0
         try:
             async for event in watch_events(response):

@@ -20,10 +20,9 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-import aiohttp
 import anyio
 
-from agent.errors import AgentError, describe
+from agent.errors import AgentError
 from agent.imex.documents import (
     API_VERSION,
     CONDITION_PREFIX,
@@ -42,8 +41,8 @@ from agent.imex.documents import (
     set_condition,
 )
 from agent.kube.backoff import Backoff
-from agent.kube.events import RETRYABLE_STATUSES
-from agent.kube.rawapi import ApiStatusError, status_error
+from agent.kube.events import post_with_retries
+from agent.kube.rawcall import ApiStatusError, send
 from agent.kube.throttle import call_with_retries
 
 log = logging.getLogger(__name__)
@@ -79,6 +78,8 @@ class DomainApi:
             ResourceV1Api,
         )
 
+        #: the shared ``ApiClient`` (the controller's watches use it too)
+        self.api_client = api_client
         self._custom = CustomObjectsApi(api_client)
         self._core = CoreV1Api(api_client)
         self._resource = ResourceV1Api(api_client)
@@ -307,8 +308,9 @@ class DomainApi:
         """Post an Event about the domain in its namespace (best effort: logged on failure).
 
         A throttled or failed post (429, 5xx, a dropped connection) is posted again, up to
-        :data:`EVENT_ATTEMPTS` times, as the node's Events are (:mod:`agent.kube.events`); one
-        without an answer in time is not: the server may have stored it."""
+        :data:`EVENT_ATTEMPTS` times and never sooner than the server's ``Retry-After``, as
+        the node's Events are (:func:`agent.kube.events.post_with_retries`); one without an
+        answer in time is not: the server may have stored it."""
         body = {
             "apiVersion": "v1",
             "kind": "Event",
@@ -328,22 +330,12 @@ class DomainApi:
             "lastTimestamp": now(),
             "count": 1,
         }
-        backoff = Backoff(initial=0.25, maximum=1.0)
-        for attempt in range(1, EVENT_ATTEMPTS + 1):
-            try:
-                await self._send(self._core.create_namespaced_event, ref.namespace, body)
-                return
-            except Exception as error:  # Events are best effort
-                again = not isinstance(error, TimeoutError) and (
-                    isinstance(error, aiohttp.ClientError)
-                    or (isinstance(error, ApiStatusError) and error.code in RETRYABLE_STATUSES)
-                )
-                if not again or attempt == EVENT_ATTEMPTS:
-                    log.warning(
-                        "could not post Event %s about %s: %s", reason, ref, describe(error)
-                    )
-                    return
-            await anyio.sleep(backoff.next_delay())
+        await post_with_retries(
+            partial(self._send, self._core.create_namespaced_event, ref.namespace, body),
+            f"Event {reason} about {ref}",
+            attempts=EVENT_ATTEMPTS,
+            backoff=Backoff(initial=0.25, maximum=1.0),
+        )
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -361,20 +353,7 @@ class DomainApi:
             self.throttled += 1
 
     async def _send(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
-        with anyio.fail_after(self.request_timeout):
-            response: Any = await method(
-                *args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs
-            )
-            try:
-                body = await response.read()
-            finally:
-                response.release()
-        if not 200 <= response.status < 300:
-            raise status_error(response.status, body, response.headers)
-        decoded = json.loads(body)
-        if not isinstance(decoded, dict):
-            raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")
-        return decoded
+        return await send(method, *args, request_timeout=self.request_timeout, **kwargs)
 
 
 #: What the package imports from here, the status documents' names included.

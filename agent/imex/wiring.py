@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from agent.config import AgentConfig
+from agent.errors import describe
 from agent.hardware.inventory import Inventory
 from agent.imex import metrics
 from agent.imex.clique_watch import CliqueWatch
@@ -33,6 +34,8 @@ from agent.imex.engine import ChannelEngine
 from agent.imex.fabric import Clique, channel_devices, node_clique
 from agent.imex.membership import CliqueMembership, Membership, StatusMembership
 from agent.imex.sockets import DeferredChannelPreparer
+from agent.kube.backoff import Backoff, is_transient, retry_after
+from agent.kube.rawcall import send
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +63,7 @@ async def serve_compute_domains(
     preparer.clique = clique
     plugin_dir = config.plugins_dir / DRIVER
     node_ip = config.node_ip or await _node_address(
-        api_client, config.node_name, min(5.0, config.api_timeout_s)
+        api_client, config.node_name, config.api_timeout_s
     )
     if node_ip is None and config.simulate is not None:
         node_ip = simulated_address(config.node_name)
@@ -75,7 +78,6 @@ async def serve_compute_domains(
     else:
         log.info("serving %s: fabric clique %s, IMEX address %s", DRIVER, clique.clique, node_ip)
     daemon_cmd, ctl_cmd = _imex_commands(config, plugin_dir)
-    metrics.export_at_zero()
     daemon = ImexDaemon(
         plugin_dir / "domains", [daemon_cmd], [ctl_cmd], on_change=metrics.daemon_changed
     )
@@ -160,20 +162,33 @@ def _imex_commands(config: AgentConfig, plugin_dir: Path) -> tuple[str, str]:
     return find(daemon), find("nvidia-imex-ctl")
 
 
-async def _node_address(api_client: Any, node_name: str, bound_s: float) -> str | None:
-    """The Node's InternalIP (best effort: None when unreadable within ``bound_s``)."""
+async def _node_address(api_client: Any, node_name: str, request_timeout: float) -> str | None:
+    """The Node's InternalIP; None when the Node has none or cannot be read for good (403, a
+    Node that is not a JSON object). A transient failure (429, 5xx, a dropped connection, a
+    Node not registered yet) is retried, never sooner than the server's ``Retry-After``: a
+    node that gave up here would publish no channel until restarted."""
     from agent.kube.library import CoreV1Api
 
-    try:
-        with anyio.fail_after(bound_s):
-            response: Any = await CoreV1Api(api_client).read_node(node_name, _preload_content=False)
-            import json
-
-            node = json.loads(await response.read())
-    except Exception as error:
-        log.warning("could not read Node %s for its address: %s", node_name, error)
-        return None
+    read_node = CoreV1Api(api_client).read_node
+    backoff = Backoff(initial=0.2, maximum=5.0)
+    while True:
+        try:
+            node = await send(read_node, node_name, request_timeout=request_timeout)
+            break
+        except Exception as error:
+            if not is_transient(error) or isinstance(error, ValueError):
+                log.warning("could not read Node %s for its address: %s", node_name, error)
+                return None
+            delay = backoff.next_delay(retry_after(error))
+            log.warning(
+                "could not read Node %s for its address yet: %s; again in %.1f s",
+                node_name,
+                describe(error),
+                delay,
+            )
+        await anyio.sleep(delay)
     for address in (node.get("status") or {}).get("addresses") or []:
-        if address.get("type") == "InternalIP" and address.get("address"):
-            return str(address["address"])
+        if isinstance(address, dict) and address.get("type") == "InternalIP":
+            if address.get("address"):
+                return str(address["address"])
     return None

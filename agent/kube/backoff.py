@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from agent.kube.rawapi import ApiStatusError
+from agent.kube.rawcall import ApiStatusError
 
 #: Statuses that say "try again": an object that changed or went away meanwhile (the next
 #: attempt starts from the fresh state), throttling, server-side trouble.

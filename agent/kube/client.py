@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 
 from agent.errors import AgentError
+from agent.kube.gate import install as install_gate
 
 log = logging.getLogger(__name__)
 
@@ -21,8 +22,23 @@ class KubeConfigError(AgentError):
     """No usable Kubernetes client configuration."""
 
 
-async def create_api_client(kubeconfig: Path | None) -> Any:
-    """An ``ApiClient`` from a kubeconfig file, or from the in-cluster service account.
+def user_agent(component: str, instance: str) -> str:
+    """The ``User-Agent`` of our requests, as Kubernetes components write theirs
+    (``<binary>/<version> (<os>/<arch>)``), plus which instance sent it (a node's name, a
+    controller replica's identity), so that an API server's audit log and the embedded
+    server's request log tell the agents apart."""
+    import platform
+
+    from agent.telemetry.tracing import agent_version
+
+    machine = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    return f"{component}/{agent_version()} ({platform.system().lower()}/{machine}) {instance}"
+
+
+async def create_api_client(kubeconfig: Path | None, *, agent: str | None = None) -> Any:
+    """An ``ApiClient`` from a kubeconfig file, or from the in-cluster service account;
+    ``agent``: the ``User-Agent`` of its requests (:func:`user_agent`). Its requests wait out
+    the ``Retry-After`` the server gave the same method and path (:mod:`agent.kube.gate`).
 
     The caller owns it and must ``await client.close()``.
     """
@@ -50,4 +66,8 @@ async def create_api_client(kubeconfig: Path | None) -> Any:
             "(or KUBECONFIG) outside a cluster"
         ) from err
     log.debug("kubernetes API at %s", configuration.host)
-    return ApiClient(configuration)
+    client = ApiClient(configuration)
+    install_gate(client)
+    if agent is not None:
+        client.user_agent = agent
+    return client

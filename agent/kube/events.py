@@ -4,27 +4,32 @@ A corrupt checkpoint or a reboot that invalidated prepared claims changes what r
 node; ``kubectl describe node`` is where an operator looks first. Posting an Event is
 best-effort: it must never turn a successful recovery into a failure, so every error is
 logged and swallowed here, and each post is bounded by a timeout. A transient failure (429,
-5xx, a dropped connection) is retried a few times with backoff, honouring ``Retry-After``
-up to :data:`MAX_EVENT_RETRY_AFTER_S`, so one throttled or failed request does not lose the
-Event; a timeout is not retried, because the server may have stored the first post.
+5xx, a dropped connection) is retried a few times with backoff, never sooner than the
+``Retry-After`` the server sent, so one throttled or failed request does not lose the Event;
+a timeout is not retried, because the server may have stored the first post, and neither is
+a post the server asks to hold back longer than :data:`MAX_EVENT_RETRY_AFTER_S` (an Event
+that late says little; giving up is logged). :func:`post_with_retries` is that policy, for
+the node's Events here and the ComputeDomains' (:mod:`agent.imex.domains`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import aiohttp
 import anyio
 
 from agent.errors import describe
-from agent.kube.backoff import Backoff
+from agent.kube.backoff import Backoff, retry_after
 from agent.kube.interfaces import EventPoster as EventPoster  # re-exported
 from agent.kube.interfaces import EventType, Obj
+from agent.kube.rawcall import ApiStatusError, send
 from agent.telemetry.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -83,63 +88,64 @@ class ApiEventPoster:
         self._api = api_client
         self._node = node_name
         self._node_uid = node_uid
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
         self._attempts = max(1, attempts)
         self._retry_initial = retry_initial
 
     async def post(self, type_: EventType, reason: str, message: str) -> None:
         event = node_event(self._node, self._node_uid, type_, reason, message)
-        backoff = Backoff(initial=self._retry_initial, maximum=2.0)
         with tracer().start_as_current_span("event.post") as span:
             span.set_attribute("k8s.event.reason", reason)
-            for attempt in range(1, self._attempts + 1):
-                failure = await self._post_once(event, span)
-                if failure is None:
-                    return
-                why, retryable, retry_after = failure
-                if not retryable or attempt == self._attempts:
-                    tries = f" (after {attempt} attempts)" if attempt > 1 else ""
-                    log.warning(
-                        "could not post Event %s on node %s%s: %s", reason, self._node, tries, why
-                    )
-                    return
-                capped = None if retry_after is None else min(retry_after, MAX_EVENT_RETRY_AFTER_S)
-                await anyio.sleep(backoff.next_delay(capped))
+            await post_with_retries(
+                partial(self._post_once, event, span),
+                f"Event {reason} on node {self._node}",
+                attempts=self._attempts,
+                backoff=Backoff(initial=self._retry_initial, maximum=2.0),
+            )
 
-    async def _post_once(self, event: Obj, span: Any) -> tuple[str, bool, float | None] | None:
-        """One POST; ``None`` when stored, else (why, worth retrying, Retry-After seconds)."""
+    async def _post_once(self, event: Obj, span: Any) -> None:
+        """One POST; raises what :func:`agent.kube.rawcall.send` raises."""
         try:
-            response = await self._api.call_api(
+            await send(
+                self._api.call_api,
                 EVENTS_PATH.format(namespace=EVENT_NAMESPACE),
                 "POST",
-                header_params={
-                    "Accept": "application/json",
-                    "Content-Type": "application/json",
-                },
+                header_params={"Accept": "application/json", "Content-Type": "application/json"},
                 body=event,
                 auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=self._timeout,
+                request_timeout=self._timeout_s,
             )
-            async with response:
-                status = response.status
-                body = await response.read()
-                raw_retry_after = response.headers.get("Retry-After")
-        except TimeoutError as error:
-            return f"no answer in time ({error or 'timeout'})", False, None
-        except aiohttp.ClientError as error:
-            return describe(error), True, None
-        span.set_attribute("http.response.status_code", status)
-        if 200 <= status < 300:
-            return None
-        retry_after: float | None = None
-        if raw_retry_after is not None:
-            try:
-                retry_after = max(0.0, float(raw_retry_after))
-            except ValueError:
-                retry_after = None
-        why = f"the API server answered {status}: {_message(body)}"
-        return why, status in RETRYABLE_STATUSES, retry_after
+        except ApiStatusError as error:
+            span.set_attribute("http.response.status_code", error.code)
+            raise
+        span.set_attribute("http.response.status_code", 201)
+
+
+async def post_with_retries(
+    post: Callable[[], Awaitable[object]], what: str, *, attempts: int, backoff: Backoff
+) -> None:
+    """``await post()``, again after a transient failure (429, 5xx, a dropped connection), at
+    most ``attempts`` times in all, each retry no sooner than the server's ``Retry-After``;
+    never raises: a failure for good is logged as a warning naming ``what``."""
+    for attempt in range(1, attempts + 1):
+        try:
+            await post()
+            return
+        except Exception as error:  # Events are best effort
+            why = describe(error)
+            after = retry_after(error)
+            again = not isinstance(error, TimeoutError) and (
+                isinstance(error, aiohttp.ClientError)
+                or (isinstance(error, ApiStatusError) and error.code in RETRYABLE_STATUSES)
+            )
+        if again and after is not None and after > MAX_EVENT_RETRY_AFTER_S:
+            why += f"; not posted again after more than {MAX_EVENT_RETRY_AFTER_S:g} s"
+            again = False
+        if not again or attempt == attempts:
+            tries = f" (after {attempt} attempts)" if attempt > 1 else ""
+            log.warning("could not post %s%s: %s", what, tries, why)
+            return
+        await anyio.sleep(backoff.next_delay(after))
 
 
 class LoggingEventPoster:
@@ -152,11 +158,3 @@ class LoggingEventPoster:
         self.posted.append((type_, reason, message))
         level = logging.WARNING if type_ == "Warning" else logging.INFO
         log.log(level, "event %s: %s", reason, message)
-
-
-def _message(body: bytes) -> str:
-    try:
-        message = json.loads(body).get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return message if isinstance(message, str) else body[:200].decode(errors="replace")

@@ -20,12 +20,26 @@ EventType = Literal["Normal", "Warning"]
 
 
 class ClaimReadError(AgentError):
-    """A ResourceClaim could not be read; ``status`` is the HTTP status (0: no response)."""
+    """A ResourceClaim could not be read; ``status`` is the HTTP status (0: no response),
+    ``retry_after`` the server's ``Retry-After`` in seconds, if it sent one; ``transient``:
+    the same read may succeed later (False for an untrusted certificate or an answer that is
+    not HTTP)."""
 
-    def __init__(self, namespace: str, name: str, status: int, detail: str) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        status: int,
+        detail: str,
+        *,
+        retry_after: float | None = None,
+        transient: bool = True,
+    ) -> None:
         self.namespace = namespace
         self.name = name
         self.status = status
+        self.retry_after = retry_after
+        self.transient = transient
         super().__init__(f"cannot read ResourceClaim {namespace}/{name}: {detail}")
 
 

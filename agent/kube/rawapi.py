@@ -5,44 +5,42 @@ The publisher compares what it wants with what the API server holds field by fie
 objects exactly as the server sent them. kubernetes-asyncio's typed models would get in the
 way: they rename fields to snake_case, validate client-side and turn a delete's ``Status``
 into errors (dependency-notes.md §3). Every call here goes through the shared ``ApiClient``
-with ``_preload_content=False`` and returns the decoded JSON; a non-2xx answer becomes an
-:class:`ApiStatusError` carrying the code, the reason and ``Retry-After``.
+and :mod:`agent.kube.rawcall`, which checks each answer's status (a non-2xx answer becomes an
+:class:`ApiStatusError` carrying the code, the reason and ``Retry-After``) and returns the
+decoded JSON.
 
-The watch stream is read here as well, line by line, because kubernetes-asyncio's ``Watch``
-hides the HTTP status, swallows one 410 on its own and reconnects behind the caller's back;
-the slice watcher wants to decide each of those itself.
+The watch stream is read line by line (:func:`agent.kube.rawcall.watch_events`), because
+kubernetes-asyncio's ``Watch`` hides the HTTP status, swallows one 410 on its own and
+reconnects behind the caller's back; the slice watcher wants to decide each of those itself.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
-import aiohttp
-import anyio
+from agent.kube.rawcall import (
+    MAX_EVENT_BYTES,
+    ApiStatusError,
+    Obj,
+    WatchExpiredError,
+    open_watch,
+    send,
+    status_error,
+    watch_events,
+)
 
-from agent.errors import AgentError
-
-Obj = dict[str, Any]
-#: The largest watch event line accepted (etcd's request limit is 1.5 MiB).
-MAX_EVENT_BYTES = 16 * 2**20
-
-
-class ApiStatusError(AgentError):
-    """The API server answered with a non-2xx status."""
-
-    def __init__(self, code: int, reason: str, message: str, retry_after: float | None = None):
-        self.code = code
-        self.reason = reason
-        self.retry_after = retry_after
-        hint = f" (retry after {retry_after:g} s)" if retry_after is not None else ""
-        super().__init__(f"API server answered {code} {reason}: {message}{hint}")
-
-
-class WatchExpiredError(ApiStatusError):
-    """The watch's resourceVersion is no longer in the server's history (410 Gone): re-list."""
+__all__ = [
+    "MAX_EVENT_BYTES",
+    "ApiStatusError",
+    "Obj",
+    "RawSliceApi",
+    "WatchExpiredError",
+    "parse_server_version",
+    "status_error",
+    "watch_events",
+]
 
 
 class RawSliceApi:
@@ -101,20 +99,14 @@ class RawSliceApi:
         :class:`ApiStatusError` for other failures. A silent connection is noticed when no
         byte (not even a bookmark) arrives for ``timeout_seconds`` plus a grace period.
         """
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self.request_timeout, sock_read=timeout_seconds + 30
+        list_method = self._core.list_node if nodes else self._slices.list_resource_slice
+        response = await open_watch(
+            list_method,
+            connect_timeout=self.request_timeout,
+            timeout_seconds=timeout_seconds,
+            field_selector=field_selector,
+            resource_version=resource_version,
         )
-        with anyio.fail_after(self.request_timeout):
-            list_method = self._core.list_node if nodes else self._slices.list_resource_slice
-            response: Any = await list_method(
-                field_selector=field_selector,
-                watch=True,
-                allow_watch_bookmarks=True,
-                resource_version=resource_version,
-                timeout_seconds=timeout_seconds,
-                _preload_content=False,
-                _request_timeout=timeout,
-            )
         try:
             async for event in watch_events(response):
                 yield event
@@ -122,38 +114,7 @@ class RawSliceApi:
             response.close()
 
     async def _call(self, method: Any, *args: Any, **kwargs: Any) -> Obj:
-        with anyio.fail_after(self.request_timeout):
-            response: Any = await method(
-                *args, _preload_content=False, _request_timeout=self.request_timeout, **kwargs
-            )
-            try:
-                body = await response.read()
-            finally:
-                response.release()
-        if not 200 <= response.status < 300:
-            raise status_error(response.status, body, response.headers)
-        decoded = json.loads(body)
-        if not isinstance(decoded, dict):
-            raise ApiStatusError(response.status, "BadResponse", "the body is not a JSON object")
-        return decoded
-
-
-async def watch_events(response: Any) -> AsyncGenerator[Obj, None]:
-    """The events of a watch response, line by line, until the server ends it; a non-2xx
-    answer or an ``ERROR`` event is raised (:class:`WatchExpiredError` for 410)."""
-    if not 200 <= response.status < 300:
-        raise status_error(response.status, await response.read(), response.headers)
-    while True:
-        line = await response.content.readuntil(b"\n", max_size=MAX_EVENT_BYTES)
-        if not line:
-            return
-        if not line.strip():
-            continue
-        event = json.loads(line)
-        if event.get("type") == "ERROR":
-            status = event.get("object") or {}
-            raise status_error(int(status.get("code") or 500), line, {})
-        yield event
+        return await send(method, *args, request_timeout=self.request_timeout, **kwargs)
 
 
 def parse_server_version(info: Obj) -> tuple[int, int]:
@@ -170,28 +131,6 @@ def parse_server_version(info: Obj) -> tuple[int, int]:
             f" major {info.get('major')!r}, minor {info.get('minor')!r}"
         )
     return int(major[0]), int(minor[0])
-
-
-def status_error(code: int, body: bytes, headers: Any) -> ApiStatusError:
-    """The error of a non-2xx answer: the Status body's reason and message, ``Retry-After``."""
-    reason, message = "", body[:300].decode(errors="replace")
-    try:
-        status = json.loads(body)
-        if status.get("type") == "ERROR":
-            status = status.get("object") or {}
-        reason = str(status.get("reason") or "")
-        message = str(status.get("message") or message)
-    except (ValueError, AttributeError):
-        pass
-    retry_after: float | None = None
-    raw = headers.get("Retry-After") if headers else None
-    if raw is not None:
-        try:
-            retry_after = max(0.0, float(raw))
-        except ValueError:
-            retry_after = None
-    cls = WatchExpiredError if code == 410 else ApiStatusError
-    return cls(code, reason or str(code), message, retry_after)
 
 
 _status_error = status_error  # the name the unit tests know

@@ -25,7 +25,7 @@ import aiohttp
 import anyio
 
 from agent.kube.backoff import MAX_RETRY_AFTER_S, Backoff
-from agent.kube.rawapi import ApiStatusError
+from agent.kube.rawcall import ApiStatusError
 
 T = TypeVar("T")
 #: Retries of one call at most (four sends in all).

@@ -27,6 +27,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 
+from agent.deadline import enter_call, leave_call
 from agent.memory import release_free_memory
 from agent.telemetry.metrics import RPC_DURATION, RPC_REQUESTS, add, observe
 from agent.telemetry.tracing import context_from_metadata, tracer
@@ -185,7 +186,12 @@ def unary_handler(
                 set_status_on_exception=False,
             ) as span:
                 span_context = otel_context.get_current()  # the latency's exemplar
-                response = await _call_recorded(span, method, function, request, stream)
+                deadline = getattr(stream, "deadline", None)  # the kubelet's 45 s
+                token = enter_call(None if deadline is None else deadline.time_remaining())
+                try:
+                    response = await _call_recorded(span, method, function, request, stream)
+                finally:
+                    leave_call(token)
             await stream.send_message(response)
             code = Status.OK
             del request, response  # before the memory is released below

@@ -12,11 +12,12 @@ embedded API server, whose fault injector makes one kind of call fail in one way
   list and watch (the slices' owner); the startup reads (``/version``, the Node GET, the first
   slice and Node lists); the ResourceClaim GET of prepare; Event POST; and, on a second API
   server with a GB200 tray's agent and the controller, the ComputeDomain status writes (the
-  agent's join and report, the controller's status), the controller's Lease renewal (GET and
-  PUT) and its creation by a controller that finds none, its calls for a new domain (the list
-  of all domains, the domain's replace that adds the finalizer, the template's GET and create,
-  the TemplateCreated Event), its Ready and NotReady Events, and its calls for a deleted
-  domain (the template's DELETE, the replace that removes the finalizer).
+  agent's join and report, the controller's status), the controller's Lease renewal (its PUT,
+  and the GET after a PUT that met 409) and its creation by a controller that finds none, its
+  calls for a new domain (the watch of all domains, their list after a 410, the watch of all
+  templates, the domain's replace that adds the finalizer, the template's create, the
+  TemplateCreated Event), its Ready and NotReady Events, and its calls for a deleted domain
+  (the template's DELETE, the replace that removes the finalizer).
 
 Each row arms its fault, makes the agent need the call (a wipe of the slices, an edited or an
 extra slice, a Node deleted and registered again, a prepare, an XID, a restart, a new domain,
@@ -434,32 +435,45 @@ async def _two_claims(agent: AgentHarness, tag: str) -> tuple[ClaimRef, ClaimRef
     return failing, healthy
 
 
-async def _claim_read_fails_then_retry_succeeds(
-    agent: AgentHarness, failing: ClaimRef, healthy: ClaimRef, rule: FaultRule, says: str
-) -> None:
+@pytest.mark.parametrize("fault", READ_FAULTS, ids=_ids)
+async def test_claim_get(agent: AgentHarness, fault: Fault) -> None:
+    """A claim GET that meets a transient fault is sent again within the kubelet call's
+    deadline, no sooner than a 429's ``Retry-After``: the prepare answers both claims."""
+    failing, healthy = await _two_claims(agent, fault.name)
+    agent.server.requests.clear()
+    path = claim_path(failing.name)
+    rule = fault.arm(agent.server, "GET", path, watch=False)
     answers = await agent.prepare(failing, healthy)
     assert rule.remaining == 0, "the claim GET did not meet the fault"
-    error = answers[failing.uid].error
-    assert f"cannot read ResourceClaim {NAMESPACE}/{failing.name}" in error, answers
-    assert says in error, error
-    assert not answers[healthy.uid].error, answers  # the other claim of the request
-    assert failing.uid not in agent.checkpoint_claims()  # nothing half-done for the retry
-    retried = await agent.prepare(failing)  # the kubelet's retry, after the fault
-    assert not retried[failing.uid].error, retried
+    assert not answers[failing.uid].error, answers
+    assert not answers[healthy.uid].error, answers
+    gets = agent.server.requests.records("GET", path)
+    assert len(gets) == fault.count + 1, [(r.status, r.at) for r in gets]
+    if fault.status == 429:
+        assert gets[1].at - gets[0].at >= 1.0  # the injector's Retry-After
+    assert agent.server.requests.early_retries() == []
     agent.assert_consistent()
 
 
-@pytest.mark.parametrize("fault", READ_FAULTS, ids=_ids)
-async def test_claim_get(agent: AgentHarness, fault: Fault) -> None:
-    failing, healthy = await _two_claims(agent, fault.name)
-    rule = fault.arm(agent.server, "GET", claim_path(failing.name), watch=False)
-    if fault.name != "drop":  # aiohttp resends a GET once when its kept-alive connection drops
-        rule.remaining = 1  # one prepare reads the claim once
-    says = {
-        "drop": "unreachable",
-        "slow": f"no answer from the API server within {API_TIMEOUT_S:g} s",
-    }.get(fault.name, f"answered {fault.status}")
-    await _claim_read_fails_then_retry_succeeds(agent, failing, healthy, rule, says)
+async def test_claim_get_refused_for_good(agent: AgentHarness) -> None:
+    """A GET the server refuses for good (403: the agent's RBAC) is not sent again: that
+    claim gets the server's words at once, the other claim of the request is prepared, and
+    the kubelet's retry succeeds once the cause is gone."""
+    failing, healthy = await _two_claims(agent, "403")
+    path = claim_path(failing.name)
+    rule = agent.server.faults.fail_next("GET", path, 403, message="claims are off limits")
+    started = time.monotonic()
+    answers = await agent.prepare(failing, healthy)
+    assert time.monotonic() - started < API_TIMEOUT_S  # not retried, not waited out
+    assert rule.remaining == 0
+    error = answers[failing.uid].error
+    assert f"cannot read ResourceClaim {NAMESPACE}/{failing.name}" in error, answers
+    assert "403" in error and "claims are off limits" in error, error
+    assert not answers[healthy.uid].error, answers
+    assert failing.uid not in agent.checkpoint_claims()  # nothing half-done for the retry
+    retried = await agent.prepare(failing)  # the kubelet's retry
+    assert not retried[failing.uid].error, retried
+    agent.assert_consistent()
 
 
 # -- Events -----------------------------------------------------------------------------------
@@ -663,15 +677,19 @@ LEASE_ROWS = [("PUT", f) for f in WRITE_FAULTS] + [("GET", f) for f in READ_FAUL
     ("method", "fault"), LEASE_ROWS, ids=[f"{m}-{f.name}" for m, f in LEASE_ROWS]
 )
 async def test_controller_lease(cluster: Cluster, method: str, fault: Fault) -> None:
-    """A Lease renewal (its GET or its PUT) fails: the controller keeps leading (it exits
-    only after a whole Lease duration without a renewal) and renews at its next try, within
-    5 s after the fault."""
+    """A Lease renewal fails (its PUT, or the GET that follows a PUT answered 409: the holder
+    renews without a GET): the controller keeps leading (it exits only after a whole Lease
+    duration without a renewal) and renews at its next try, within 5 s after the fault."""
     with anyio.fail_after(10):
         while not cluster.server.list_objects("leases", LEASE_NAMESPACE):  # noqa: ASYNC110
             await anyio.sleep(0.1)
     timed_out = GaveUp(lambda: controller_log(cluster), fault, "renewing the Lease failed")
     rule = dataclasses.replace(fault, count=1).arm(cluster.server, method, LEASE, watch=False)
-    since = await spent(rule, timeout=LEASE_S)
+    rules = [rule]
+    if method == "GET":  # a renewal reads the Lease only after its PUT met a conflict
+        conflict = dataclasses.replace(CONFLICT, count=1)
+        rules.append(conflict.arm(cluster.server, "PUT", LEASE, watch=False))
+    since = await spent(*rules, timeout=LEASE_S)
     await sleep_until(since)  # a slow PUT is stored at once: its renewal is not the next one
     [lease] = cluster.server.list_objects("leases", LEASE_NAMESPACE)
     renewed = lease["spec"]["renewTime"]
@@ -689,19 +707,22 @@ async def test_controller_lease(cluster: Cluster, method: str, fault: Fault) -> 
 #: The namespace of these rows' domains: their template and Event paths are theirs alone.
 CONTROLLER_NS = "controller-faults"
 CD_LIST = "/apis/resource.nvidia.com/v1beta1/computedomains"
+TEMPLATE_LIST = "/apis/resource.k8s.io/v1/resourceclaimtemplates"
 TEMPLATES = f"/apis/resource.k8s.io/v1/namespaces/{CONTROLLER_NS}/resourceclaimtemplates"
 CONTROLLER_EVENTS = f"/api/v1/namespaces/{CONTROLLER_NS}/events"
 
 
-def _controller_call(call: str, name: str) -> tuple[str, PathPattern]:
-    """(method, path) of one of the controller's calls for the new domain ``name``."""
+def _controller_call(call: str, name: str) -> tuple[str, PathPattern, bool]:
+    """(method, path, whether a watch) of one of the controller's calls for the new domain
+    ``name``."""
     domain = rf"^/apis/resource\.nvidia\.com/v1beta1/namespaces/{CONTROLLER_NS}/computedomains/"
     return {
-        "domain list": ("GET", CD_LIST),  # every domain, each resync
-        "domain replace": ("PUT", re.compile(domain + name + "$")),  # its finalizer
-        "template read": ("GET", f"{TEMPLATES}/{name}-channel"),
-        "template create": ("POST", TEMPLATES),
-        "Event post": ("POST", CONTROLLER_EVENTS),  # TemplateCreated
+        "domain watch": ("GET", CD_LIST, True),  # every domain's
+        "domain list": ("GET", CD_LIST, False),  # after a 410 on that watch
+        "template watch": ("GET", TEMPLATE_LIST, True),  # every template's
+        "domain replace": ("PUT", re.compile(domain + name + "$"), False),  # its finalizer
+        "template create": ("POST", TEMPLATES, False),
+        "Event post": ("POST", CONTROLLER_EVENTS, False),  # TemplateCreated
     }[call]
 
 
@@ -738,16 +759,22 @@ async def reconciled_domain(cluster: Cluster, name: str) -> None:
             await anyio.sleep(0.05)
 
 
-CONTROLLER_CALLS = ["domain list", "domain replace", "template read", "template create"]
-#: Reads get the read faults, writes the write faults (409 too: a replace that lost a race,
-#: a template that exists); an Event post is never a conflict.
-CONTROLLER_ROWS = [
+CONTROLLER_WATCHES = ["domain watch", "template watch"]
+CONTROLLER_CALLS = ["domain list", "domain replace", "template create"]
+#: Watches get the watch faults, reads the read faults, writes the write faults (409 too: a
+#: replace that lost a race, a template that exists); an Event post is never a conflict.
+CONTROLLER_ROWS = [(call, fault) for call in CONTROLLER_WATCHES for fault in WATCH_FAULTS] + [
     (call, fault)
     for call in [*CONTROLLER_CALLS, "Event post"]
-    for fault in (
-        READ_FAULTS if call in ("domain list", "template read", "Event post") else WRITE_FAULTS
-    )
+    for fault in (READ_FAULTS if call in ("domain list", "Event post") else WRITE_FAULTS)
 ]
+#: What the controller logs when each call fails.
+CONTROLLER_FAILED = {
+    "domain watch": "list/watch of ComputeDomains failed",
+    "domain list": "list/watch of ComputeDomains failed",
+    "template watch": "list/watch of ResourceClaimTemplates failed",
+    "Event post": "could not post Event TemplateCreated about",
+}
 
 
 @pytest.mark.parametrize(
@@ -757,18 +784,22 @@ async def test_controller_calls(cluster: Cluster, call: str, fault: Fault) -> No
     """A new domain, while one of the controller's calls for it fails: within 5 s after the
     fault the domain has its finalizer, its template and its status, and the TemplateCreated
     Event is stored exactly once (also when the template or the Event was stored but answered
-    late); the controller still leads."""
+    late); the controller still leads. A watch's row ends the controller's watch, so that its
+    next one meets the fault; the list's row answers that one 410, so that it lists again."""
     name = f"ctl-{call.replace(' ', '-').lower()}-{fault.name}"
-    method, path = _controller_call(call, name)
-    failed = (
-        "could not post Event TemplateCreated about"
-        if call == "Event post"
-        else "reconciling ComputeDomains failed"
-    )
+    method, path, watch = _controller_call(call, name)
+    failed = CONTROLLER_FAILED.get(call, "reconciling ComputeDomains failed")
     timed_out = GaveUp(lambda: controller_log(cluster), fault, failed)
-    rule = fault.arm(cluster.server, method, path, watch=False)
+    if isinstance(path, str) and method == "GET":
+        with anyio.fail_after(CONVERGE_S):  # the previous row's incident is over for it
+            await cluster.server.wait_for_watches(1, path)
+    rules = [fault.arm(cluster.server, method, path, watch=watch)]
+    if call == "domain list":
+        rules.append(GONE.arm(cluster.server, method, path, watch=True))
+    if isinstance(path, str) and method == "GET":
+        assert cluster.server.end_watches(path) == 1
     cluster.put_domain(name, namespace=CONTROLLER_NS, num_nodes=1)
-    since = await spent(rule, timeout=CONVERGE_S)
+    since = await spent(*rules, timeout=CONVERGE_S)
     while (why := reconciled(cluster, name)) is not None:
         assert time.monotonic() < since + CONVERGE_S, f"{name} not reconciled: {why}"
         await anyio.sleep(0.05)
@@ -825,8 +856,8 @@ async def test_controller_deletion(cluster: Cluster, call: str, fault: Fault) ->
     name = f"del-{call.split()[0]}-{fault.name}"
     await reconciled_domain(cluster, name)
     template = f"{name}-channel"
-    method, path = (
-        ("DELETE", f"{TEMPLATES}/{template}")
+    method, path, _ = (
+        ("DELETE", f"{TEMPLATES}/{template}", False)
         if call == "template delete"
         else _controller_call("domain replace", name)
     )

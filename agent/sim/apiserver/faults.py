@@ -54,6 +54,12 @@ class RequestRecord:
     status: int  # 0 when the connection was dropped; a watch is logged when it ends
     watch: bool = False
     content_type: str = ""
+    #: when it arrived and was answered (``time.monotonic()``), who sent it, the answer's
+    #: ``Retry-After``
+    at: float = 0.0
+    user_agent: str = ""
+    retry_after: float | None = None
+    answered: float = 0.0
 
 
 @dataclass
@@ -195,3 +201,29 @@ class RequestLog:
         if path is not None:
             records = [r for r in records if path_matches(path, r.path)]
         return records
+
+    def early_retries(self) -> list[tuple[RequestRecord, RequestRecord]]:
+        """Requests sent again sooner than the ``Retry-After`` of the one before: each pair is
+        an answer that said ``Retry-After`` and the same client's next request of the same
+        method, path and selectors (a list after a refused watch of the same objects is a
+        retry too) that arrived after that answer was sent but before ``Retry-After`` seconds
+        had passed since the first arrived. (One that arrived before the answer was sent was
+        not sent again after it: the client asked twice at once.)"""
+        with self._lock:
+            records = sorted(self._records, key=lambda r: r.at)
+        last: dict[tuple[str, ...], RequestRecord] = {}
+        early: list[tuple[RequestRecord, RequestRecord]] = []
+        for record in records:
+            key = (
+                record.user_agent,
+                record.method,
+                record.path,
+                record.query.get("fieldSelector", ""),
+                record.query.get("labelSelector", ""),
+            )
+            before = last.get(key)
+            if before is not None and before.retry_after is not None:
+                if before.answered <= record.at < before.at + before.retry_after:
+                    early.append((before, record))
+            last[key] = record
+        return early

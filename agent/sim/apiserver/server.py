@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
@@ -41,6 +42,7 @@ DEBUG_PREFIX = "/debug/embedded/"
 DEBUG_COUNTS = DEBUG_PREFIX + "requests"
 DEBUG_RESTART = DEBUG_PREFIX + "restart"
 DEBUG_OBJECTS = DEBUG_PREFIX + "objects"
+DEBUG_SHED = DEBUG_PREFIX + "shed"
 
 _FAULT_MESSAGES = {
     409: CONFLICT_MESSAGE,
@@ -108,6 +110,7 @@ class EmbeddedApiServer:
         app.router.add_get(DEBUG_COUNTS, self._serve_counts)
         app.router.add_post(DEBUG_RESTART, self._serve_restart)
         app.router.add_get(DEBUG_OBJECTS, self._serve_objects)
+        app.router.add_post(DEBUG_SHED, self._serve_shed)
         self._discovery.add_routes(app.router)
         self._handlers.add_routes(app.router, self.kinds)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
@@ -148,6 +151,18 @@ class EmbeddedApiServer:
             "inFlight": {"limit": limit.limit, "peak": limit.peak, "rejected": limit.rejected},
             "openWatches": self.watches.count(),
         }
+        if request.query.get("earlyRetries"):
+            early = self.requests.early_retries()
+            body["earlyRetries"] = [
+                {
+                    "userAgent": first.user_agent,
+                    "method": first.method,
+                    "path": first.path,
+                    "retryAfter": first.retry_after,
+                    "after": round(then.at - first.at, 3),
+                }
+                for first, then in early
+            ]
         return web.Response(text=json.dumps(body), content_type="application/json")
 
     async def _serve_objects(self, request: web.Request) -> web.Response:
@@ -163,6 +178,19 @@ class EmbeddedApiServer:
         except KeyError as error:
             raise ApiError(400, str(error)) from None
         return web.Response(text=json.dumps({"items": items}), content_type="application/json")
+
+    async def _serve_shed(self, request: web.Request) -> web.Response:
+        """``POST /debug/embedded/shed?seconds=S&retryAfter=R``: answer every request 429 with
+        ``Retry-After: R`` (1 by default) for ``S`` seconds, as kube-apiserver's priority and
+        fairness does when a whole fleet starts at once."""
+        try:
+            seconds = float(request.query.get("seconds", "20"))
+            retry_after = int(request.query.get("retryAfter", "1"))
+        except ValueError:
+            raise ApiError(400, "seconds and retryAfter must be numbers") from None
+        rule = self.faults.fail_next("*", "*", 429, count=None, retry_after=retry_after)
+        asyncio.get_running_loop().call_later(seconds, self.faults.remove, rule)
+        return web.Response(text=json.dumps({"seconds": seconds}), content_type="application/json")
 
     async def _serve_restart(self, request: web.Request) -> web.Response:
         """``POST /debug/embedded/restart?downSeconds=S``: :meth:`restart`, after answering."""
@@ -276,9 +304,11 @@ class EmbeddedApiServer:
                 return await handler(request)
             except ApiError as error:
                 return _status_response(error.status(), error.code, error.headers)
+        arrived = time.monotonic()
         watching = parse_bool(request.query.get("watch"))
         plan = self.faults.plan(request.method, request.path, watching)
         status = 0  # stays 0 for a dropped connection
+        retry_after: str | None = None
         seated = watching or self.in_flight.enter()
         try:
             if not seated:
@@ -302,6 +332,7 @@ class EmbeddedApiServer:
             return response
         except ApiError as error:
             status = error.code
+            retry_after = error.headers.get("Retry-After") if error.headers else None
             return _status_response(error.status(), error.code, error.headers)
         except web.HTTPException as error:
             status = error.status
@@ -330,6 +361,10 @@ class EmbeddedApiServer:
                     status,
                     watching,
                     request.headers.get("Content-Type", ""),
+                    arrived,
+                    request.headers.get("User-Agent", ""),
+                    None if retry_after is None else float(retry_after),
+                    time.monotonic(),
                 )
             )
 

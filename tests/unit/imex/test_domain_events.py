@@ -115,3 +115,16 @@ async def test_a_status_stored_but_answered_late_gets_its_event_once(
     for _ in range(3):
         await controller.reconcile_all()
     assert [e["involvedObject"]["uid"] for e in stored(apiserver)] == [domain["metadata"]["uid"]]
+
+
+async def test_a_throttled_post_waits_its_retry_after(
+    apiserver: EmbeddedApiServer, api_client: Any
+) -> None:
+    """The domain's Events once came back 0.13 s after a 429 that said Retry-After: 1."""
+    ref = domain_ref(apiserver.put_object(compute_domain()))
+    apiserver.faults.fail_next("POST", EVENTS, 429, count=1, retry_after=1)
+    await DomainApi(api_client).event(ref, "Normal", "Ready", "the domain is Ready")
+    posts = apiserver.requests.records("POST", EVENTS)
+    assert [p.status for p in posts] == [429, 201]
+    assert posts[1].at - posts[0].at >= 1.0
+    assert apiserver.requests.early_retries() == []

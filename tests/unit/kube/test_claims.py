@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import ssl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.kube.claims import ApiClaimReader, ClaimNotFound, ClaimReadError
+from agent.deadline import enter_call, leave_call
+from agent.kube.claims import ANSWER_MARGIN_S, ApiClaimReader, ClaimNotFound, ClaimReadError
 from agent.kube.client import create_api_client
 from agent.sim.apiserver import EmbeddedApiServer
 from agent.sim.claims import AllocatedDevice, create_allocated_claim
@@ -56,12 +59,82 @@ async def test_missing_claim(apiserver: EmbeddedApiServer, reader: ApiClaimReade
 async def test_api_error_carries_status_and_message(
     apiserver: EmbeddedApiServer, reader: ApiClaimReader
 ) -> None:
+    """An answer that says the request is wrong (403: RBAC) is not sent again."""
     await create(apiserver)
-    apiserver.faults.fail_next("GET", CLAIM_PATH, 503)
+    apiserver.faults.fail_next("GET", CLAIM_PATH, 403, message="not yours to read")
     with pytest.raises(ClaimReadError) as caught:
         await reader.read("team-a", "train")
+    assert caught.value.status == 403
+    assert "not yours to read" in str(caught.value)
+    assert len(apiserver.requests.records("GET", CLAIM_PATH)) == 1
+    assert reader.retries == 0
+
+
+async def test_429_then_200_is_read_after_retry_after(
+    apiserver: EmbeddedApiServer, reader: ApiClaimReader
+) -> None:
+    created = await create(apiserver)
+    apiserver.faults.fail_next("GET", CLAIM_PATH, 429, count=2, retry_after=1)
+    assert await reader.read("team-a", "train") == created
+    gets = apiserver.requests.records("GET", CLAIM_PATH)
+    assert [g.status for g in gets] == [429, 429, 200]
+    assert all(later.at - earlier.at >= 1.0 for earlier, later in itertools.pairwise(gets))
+    assert apiserver.requests.early_retries() == []
+    assert reader.retries == 2
+
+
+@pytest.mark.parametrize("status", [500, 502, 503, 504])
+async def test_a_5xx_is_sent_again(
+    apiserver: EmbeddedApiServer, reader: ApiClaimReader, status: int
+) -> None:
+    created = await create(apiserver)
+    apiserver.faults.fail_next("GET", CLAIM_PATH, status)
+    assert await reader.read("team-a", "train") == created
+    assert reader.retries == 1
+
+
+async def test_a_lasting_failure_fails_within_the_readers_timeout(
+    apiserver: EmbeddedApiServer, api_client: Any
+) -> None:
+    await create(apiserver)
+    apiserver.faults.fail_next("GET", CLAIM_PATH, 503, count=None)
+    impatient = ApiClaimReader(api_client, timeout_s=1.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ClaimReadError) as caught:
+            await impatient.read("team-a", "train")
+    finally:
+        await impatient.close()
+    assert time.monotonic() - started < 1.5
     assert caught.value.status == 503
     assert "unable to handle the request" in str(caught.value)
+    sent = len(apiserver.requests.records("GET", CLAIM_PATH))
+    assert sent > 1 and f"(sent {sent} times)" in str(caught.value)
+
+
+async def test_retries_fit_the_kubelet_calls_deadline(
+    apiserver: EmbeddedApiServer, reader: ApiClaimReader
+) -> None:
+    """Inside a kubelet call, a retry waits only while the answer can still be sent in time:
+    with 2.5 s left (2 s of them the answer's margin) a Retry-After of 1 s is not waited out;
+    with 6 s left it is."""
+    created = await create(apiserver)
+    apiserver.faults.fail_next("GET", CLAIM_PATH, 429, count=None, retry_after=1)
+    token = enter_call(ANSWER_MARGIN_S + 0.5)
+    try:
+        with pytest.raises(ClaimReadError) as caught:
+            await reader.read("team-a", "train")
+    finally:
+        leave_call(token)
+    assert caught.value.status == 429 and caught.value.retry_after == 1
+    assert len(apiserver.requests.records("GET", CLAIM_PATH)) == 1
+    apiserver.faults.clear()
+    apiserver.faults.fail_next("GET", CLAIM_PATH, 429, count=1, retry_after=1)
+    token = enter_call(ANSWER_MARGIN_S + 4)
+    try:
+        assert await reader.read("team-a", "train") == created
+    finally:
+        leave_call(token)
 
 
 async def test_timeout(apiserver: EmbeddedApiServer, api_client: Any) -> None:
@@ -77,14 +150,25 @@ async def test_timeout(apiserver: EmbeddedApiServer, api_client: Any) -> None:
     assert "within 0.2 s" in str(caught.value)
 
 
-async def test_dropped_connection(apiserver: EmbeddedApiServer, reader: ApiClaimReader) -> None:
+async def test_dropped_connections_are_sent_again(
+    apiserver: EmbeddedApiServer, reader: ApiClaimReader
+) -> None:
+    created = await create(apiserver)
+    apiserver.faults.drop_next("GET", CLAIM_PATH, count=3)
+    assert await reader.read("team-a", "train") == created
+    assert [g.status for g in apiserver.requests.records("GET", CLAIM_PATH)] == [0, 0, 0, 200]
+
+
+async def test_the_get_says_who_sends_it(apiserver: EmbeddedApiServer, api_client: Any) -> None:
     await create(apiserver)
-    apiserver.faults.drop_next(
-        "GET", CLAIM_PATH, count=2
-    )  # aiohttp retries a reused connection once
-    with pytest.raises(ClaimReadError) as caught:
+    api_client.user_agent = "gpu-dra-agent/test (linux/amd64) node-a"
+    reader = ApiClaimReader(api_client, timeout_s=5.0)
+    try:
         await reader.read("team-a", "train")
-    assert caught.value.status == 0
+    finally:
+        await reader.close()
+    [get] = apiserver.requests.records("GET", CLAIM_PATH)
+    assert get.user_agent == "gpu-dra-agent/test (linux/amd64) node-a"
 
 
 # -- the GET's transport: TLS as the kubeconfig says, a proxy when one is set ---------------
@@ -192,7 +276,9 @@ async def test_an_answer_that_is_not_http(tmp_path: Path) -> None:
         client = await client_for(tmp_path, f"http://127.0.0.1:{port}")
         reader = ApiClaimReader(client, timeout_s=5)
         try:
-            with pytest.raises(ClaimReadError, match=r"not readable HTTP.*status line") as caught:
+            with pytest.raises(
+                ClaimReadError, match=r"not readable HTTP.*[Bb]ad status line"
+            ) as caught:
                 await reader.read("ns", "c")
         finally:
             await reader.close()

@@ -73,3 +73,17 @@ async def test_a_transient_failure_is_retried_and_the_event_written_once(
     assert len(apiserver.requests.records("POST", EVENTS)) == 2
     if fault == "429":
         assert elapsed >= 0.9  # Retry-After: 1 honoured
+
+
+async def test_a_retry_after_longer_than_an_event_is_worth_is_not_cut_short(
+    apiserver: EmbeddedApiServer, api_client: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server asking for more than MAX_EVENT_RETRY_AFTER_S gets no early retry: the Event
+    is given up, and the log says why."""
+    apiserver.faults.fail_next("POST", EVENTS, 429, count=1, retry_after=30)
+    started = time.monotonic()
+    await ApiEventPoster(api_client, NODE).post("Warning", "GpuUnhealthy", "m")
+    assert time.monotonic() - started < 1.0
+    assert len(apiserver.requests.records("POST", EVENTS)) == 1
+    warned = [r.getMessage() for r in caplog.records if "could not post Event" in r.getMessage()]
+    assert len(warned) == 1 and "not posted again after more than 5 s" in warned[0], warned
