@@ -46,7 +46,7 @@ def load_node_modules(config: AgentConfig) -> None:
     if config.simulate is not None:
         names += ["agent.hardware.simulated.host", "agent.sim.control.server"]
     if config.compute_domains != "off":
-        names.append("agent.imex.sockets")
+        names += ["agent.imex.sockets", "agent.imex.metrics"]
     for name in names:
         importlib.import_module(name)
 

@@ -8,7 +8,10 @@ stream that sends nothing until the monitor has looked (:mod:`agent.health.front
 GPUs are discovered (simulated or real), the prepare engine starts (it reloads and reconciles
 the checkpoint) and is handed to the waiting service, and the health monitor starts (NVML
 events are watched from here on); where this node serves ComputeDomains, the second driver's
-sockets open (:mod:`agent.imex.sockets`). Only then is the API side made
+sockets open (:mod:`agent.imex.sockets`). With ``--metrics-address`` the Prometheus endpoint's
+address is bound first thing, and the endpoint answers from here on: every enabled feature's
+series exists now (at 0 where nothing was recorded), so a scrape either fails to connect or
+sees all of them, whatever the API server does. Only then is the API side made
 (:mod:`agent.api_side`: the HTTP stack is loaded, the client made, the Node's uid and the
 server's version read); until the client exists, a prepare's claim read waits for it (within
 the read's timeout), an Event waits in a queue and the health monitor's taints wait for the
@@ -35,7 +38,12 @@ from anyio.abc import TaskGroup, TaskStatus
 from agent.config import AgentConfig
 from agent.errors import AgentError
 from agent.notify import SystemdNotifier, announce_ready
-from agent.telemetry.meter_provider import configure_metrics, serve_metrics, shutdown_metrics
+from agent.telemetry.meter_provider import (
+    configure_metrics,
+    open_metrics,
+    serve_metrics,
+    shutdown_metrics,
+)
 from agent.telemetry.metrics import slice_writes_at_zero
 from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 
@@ -136,14 +144,12 @@ class Supervisor:
 
         config = self.config
         if config.metrics_address is not None:
-            host, port = config.metrics_address
+            # bound now (an address in use stops the start here), answering once the series
+            # of every enabled feature exist (_open_metrics): never a scrape with part of them
             try:
-                endpoint = serve_metrics(host, port)
+                serve_metrics(*config.metrics_address, listen=False)
             except OSError as err:
-                raise AgentError(
-                    f"cannot serve metrics on {host}:{port} (--metrics-address): {err}"
-                ) from err
-            log.info("serving Prometheus metrics", extra={"url": endpoint.url})
+                raise self._metrics_error(err) from err
 
         # The kubelet's sockets first: GetInfo needs nothing but the driver's name and versions
         # (agent.kubelet.deferred). A prepare waits for the engine made below, the health
@@ -254,6 +260,7 @@ class Supervisor:
                 config, inventory, lambda name, run: self._start_child(group, name, run)
             )
 
+        self._open_metrics()  # every series exists now, at 0 where nothing was recorded
         # the kubelet registers the plugin meanwhile; a prepare waits for the claim reader
         api = await connect_api(config, stack, node.pending_reader)
         self._child(group, "queued events", lambda: events.attach(api.events))
@@ -312,6 +319,21 @@ class Supervisor:
                 "registration_socket": str(config.registration_socket),
             },
         )
+
+    def _open_metrics(self) -> None:
+        """The Prometheus endpoint answers from here on (with --metrics-address): the node
+        side's series exist (the engine's, the effectors', the health monitor's first look,
+        the second driver's), and the API side's were exported at 0 ahead of it."""
+        try:
+            endpoint = open_metrics()
+        except OSError as err:
+            raise self._metrics_error(err) from err
+        if endpoint is not None:
+            log.info("serving Prometheus metrics", extra={"url": endpoint.url})
+
+    def _metrics_error(self, err: OSError) -> AgentError:
+        host, port = self.config.metrics_address or ("", 0)
+        return AgentError(f"cannot serve metrics on {host}:{port} (--metrics-address): {err}")
 
 
 class _Started:

@@ -73,4 +73,11 @@ async def open_sockets(
         engine=preparer,
     )
     await start_child("compute-domain kubelet plugin", plugin.run)
+    from agent.imex import metrics
+    from agent.telemetry.metrics import slice_writes_at_zero
+
+    # the driver's series at 0 from now on, before the metrics endpoint answers (the
+    # supervisor opens it before the API side, where the engine and the publisher are made)
+    metrics.export_at_zero()
+    slice_writes_at_zero(DRIVER)
     return preparer

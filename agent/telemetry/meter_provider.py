@@ -6,7 +6,9 @@ the supervisor installs it first thing (:func:`configure_metrics`). The provider
 pull reader, an ``InMemoryMetricReader``: the Prometheus endpoint collects from it on each
 scrape, and tests read values from it (:func:`metrics_data`), so the order in which tests and
 an in-process agent install things does not matter. A provider cannot gain readers later,
-which is why the endpoint (:func:`serve_metrics`) is separate and may start after it.
+which is why the endpoint (:func:`serve_metrics`) is separate and may start after it. The
+agent binds the endpoint's address first thing and lets it answer (:func:`open_metrics`) once
+its series exist: a scrape never sees part of them.
 
 Push over OTLP follows the standard variables: ``OTEL_METRICS_EXPORTER`` (``otlp``; default
 ``none``, as Prometheus scrapes), ``OTEL_EXPORTER_OTLP_METRICS_PROTOCOL`` or
@@ -127,8 +129,9 @@ def metrics_data() -> Any:
     return None if _reader is None else _reader.get_metrics_data()
 
 
-def serve_metrics(host: str, port: int) -> MetricsEndpoint:
-    """Start the Prometheus endpoint on ``host:port`` (port 0: any free one).
+def serve_metrics(host: str, port: int, *, listen: bool = True) -> MetricsEndpoint:
+    """Start the Prometheus endpoint on ``host:port`` (port 0: any free one); with ``listen``
+    false, bind it only: it answers from :func:`open_metrics` on.
 
     Raises ``OSError`` when the address cannot be bound: an operator asked for the endpoint,
     so not getting it is a start-up error rather than a silent gap in the graphs.
@@ -140,8 +143,21 @@ def serve_metrics(host: str, port: int) -> MetricsEndpoint:
     with _lock:
         if _endpoint is not None:
             _endpoint.close()
-        _endpoint = MetricsEndpoint(host, port, [OpenTelemetryCollector(metrics_data)])
+        _endpoint = MetricsEndpoint(
+            host, port, [OpenTelemetryCollector(metrics_data)], listen=listen
+        )
         return _endpoint
+
+
+def open_metrics() -> MetricsEndpoint | None:
+    """Let the endpoint bound by :func:`serve_metrics` answer (the supervisor calls it once
+    the series of every enabled feature exist); the endpoint, or None if there is none.
+    Raises ``OSError`` if its address cannot be listened on."""
+    with _lock:
+        endpoint = _endpoint
+    if endpoint is not None:
+        endpoint.open()
+    return endpoint
 
 
 def shutdown_metrics() -> None:

@@ -18,11 +18,14 @@ from __future__ import annotations
 import logging
 import math
 import re
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from socketserver import ThreadingMixIn
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -217,27 +220,74 @@ def _exemplar(exemplar: Any) -> Exemplar:
     return Exemplar(labels, exemplar.value, exemplar.time_unix_nano / 1e9)
 
 
-class MetricsEndpoint:
-    """The HTTP server of ``--metrics-address`` (prometheus_client's, in a daemon thread)."""
+class _Server(ThreadingMixIn, WSGIServer):
+    """prometheus_client's server: a thread per scrape, none waited for at close."""
 
-    def __init__(self, host: str, port: int, collectors: Iterable[Any]) -> None:
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """No access log: a scrape every few seconds is not news."""
+
+
+class MetricsEndpoint:
+    """The HTTP server of ``--metrics-address`` (prometheus_client's WSGI app, in a daemon
+    thread), started in two steps so that no scrape sees part of the agent's series.
+
+    Made, it has bound its address (one in use fails here, at the start); it accepts
+    connections once :meth:`open` is called (``listen``: at once), which the supervisor does
+    when the series of every enabled feature exist. Until then a scraper's connection is
+    refused (the socket is bound, not listening): its scrape fails as before the process
+    started, rather than answering without the series registered later in the start.
+    """
+
+    def __init__(
+        self, host: str, port: int, collectors: Iterable[Any], *, listen: bool = True
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=self.registry)
         for collector in collectors:
             self.registry.register(collector)
-        self._server, self._thread = start_http_server(port, host, self.registry)
+        # the address family of the host, as prometheus_client's start_http_server finds it
+        family, _, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        server_class = type("MetricsServer", (_Server,), {"address_family": family})
+        self._server = server_class((address[0], port), _QuietHandler, bind_and_activate=False)
+        try:
+            self._server.server_bind()
+        except BaseException:
+            self._server.server_close()
+            raise
+        self._server.set_app(make_wsgi_app(self.registry))
+        self._thread: threading.Thread | None = None
         self.host = host
         self.port = int(self._server.server_address[1])
         self._stopped = threading.Event()
+        if listen:
+            self.open()
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
+    def open(self) -> None:
+        """Accept scrapes from now on (a second call does nothing). Raises ``OSError`` if the
+        address cannot be listened on after all (another process bound it meanwhile)."""
+        if self._thread is not None or self._stopped.is_set():
+            return
+        self._server.server_activate()
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="metrics-endpoint", daemon=True
+        )
+        self._thread.start()
+
     def close(self) -> None:
         if self._stopped.is_set():
             return
         self._stopped.set()
-        self._server.shutdown()
+        if self._thread is not None:  # shutdown() waits for serve_forever, which must run
+            self._server.shutdown()
         self._server.server_close()

@@ -4,6 +4,8 @@ formats, exemplars carrying trace ids, process metrics; and the OTLP push settin
 from __future__ import annotations
 
 import re
+import socket
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
@@ -15,7 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from agent.telemetry import metrics as m
-from agent.telemetry.meter_provider import metrics_data, push_plan, serve_metrics
+from agent.telemetry.meter_provider import metrics_data, open_metrics, push_plan, serve_metrics
 from agent.telemetry.prometheus import MetricsEndpoint, OpenTelemetryCollector
 from tests.support.metrics import reading
 
@@ -133,6 +135,35 @@ def test_telemetry_failures_stay_inside() -> None:
 
     assert list(OpenTelemetryCollector(broken).collect()) == []
     m.add(m.RPC_REQUESTS, 1, driver=object())  # type: ignore[arg-type]  # never raises
+
+
+def test_a_bound_endpoint_refuses_scrapes_until_it_is_opened() -> None:
+    """Bound first (the address is the agent's), answering from ``open_metrics`` on: before,
+    a scrape fails to connect instead of getting what is recorded so far."""
+    served = serve_metrics("127.0.0.1", 0, listen=False)
+    try:
+        with pytest.raises(urllib.error.URLError) as refused:
+            scrape(served.url)
+        assert isinstance(refused.value.reason, ConnectionRefusedError)
+        assert open_metrics() is served
+        assert scrape(served.url)[0].startswith("text/plain")
+        served.open()  # again: nothing changes
+        assert scrape(served.url)[0].startswith("text/plain")
+    finally:
+        served.close()
+
+
+def test_an_address_in_use_fails_when_bound_and_an_unopened_endpoint_closes() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            MetricsEndpoint("127.0.0.1", taken.getsockname()[1], [], listen=False)
+    served = MetricsEndpoint("127.0.0.1", 0, [], listen=False)
+    served.close()  # returns: no server loop to wait for
+    served.open()  # closed: stays closed
+    with pytest.raises(urllib.error.URLError):
+        scrape(served.url)
 
 
 @pytest.mark.parametrize(
