@@ -132,7 +132,7 @@ async def post_with_retries(
             await post()
             return
         except Exception as error:  # Events are best effort
-            why = describe(error)
+            why = "no answer in time" if isinstance(error, TimeoutError) else describe(error)
             after = retry_after(error)
             again = not isinstance(error, TimeoutError) and (
                 isinstance(error, aiohttp.ClientError)
