@@ -64,9 +64,7 @@ async def test_agents_and_controller_ride_out_a_shedding_api_server(workdir: Pat
             for name, (profile, address) in NODES.items():
                 await stack.enter_async_context(cluster.node(name, profile, address))
             cluster.put_domain("cd-shed", num_nodes=2)
-            shedding = server.faults.fail_next(
-                "*", "*", 429, count=None, retry_after=RETRY_AFTER_S
-            )
+            shedding = server.faults.fail_next("*", "*", 429, count=None, retry_after=RETRY_AFTER_S)
             await start_controller(cluster)
             for node in cluster.nodes.values():
                 await cluster.start(node, wait=False)
@@ -87,7 +85,14 @@ async def test_agents_and_controller_ride_out_a_shedding_api_server(workdir: Pat
             assert set(throttled) >= {*NODES, "controller-0"}, throttled
             early = server.requests.early_retries()
             assert early == [], [
-                (a.user_agent.split(" ")[-1], a.method, a.path, a.query, b.query, round(b.at - a.at, 3))
+                (
+                    a.user_agent.split(" ")[-1],
+                    a.method,
+                    a.path,
+                    a.query,
+                    b.query,
+                    round(b.at - a.at, 3),
+                )
                 for a, b in early
             ]
         finally:
