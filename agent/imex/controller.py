@@ -17,36 +17,40 @@ does on the unprepare of its last claim of the domain), then drops the finalizer
 One replica is active: the holder of the Lease ``gpu-dra-agent-controller`` in
 ``--lease-namespace`` (renewed every third of its 15 s duration; taken over once it has not
 been renewed for a whole duration; a leader that cannot renew in time exits, and its
-Deployment restarts it as a standby). Domains are re-read every ``--resync-seconds`` (a list
-of one kind; a poll, not a watch, which is cheap at the scale of ComputeDomains: a few per
-namespace).
+Deployment restarts it as a standby: :mod:`agent.imex.leader`). The leader watches
+ComputeDomains, ComputeDomainCliques and ResourceClaimTemplates (a LIST, then a WATCH each:
+:mod:`agent.imex.controller_cache`) and reconciles from those caches as soon as something
+changed, and every ``--resync-seconds`` in any case: a pass reads the caches and sends a
+request only for what must be written; a failed write is tried again after a bounded
+backoff. An idle leader sends no request but its Lease renewals (one PUT each).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import logging
 import os
 import socket
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from agent.dra.config import API_VERSION
-from agent.errors import AgentError, describe
 from agent.imex.aggregate import aggregated_status, cliques_of
 from agent.imex.cliques import CliqueApi, daemon_entries
 from agent.imex.config import DRIVER, AllocationMode, ChannelConfig
+from agent.imex.controller_cache import ControllerCache, keep_reconciling
 from agent.imex.domains import DomainApi, DomainRef, domain_ref, node_entries
+from agent.imex.leader import LEASE_NAME as LEASE_NAME  # re-exported
+from agent.imex.leader import LeaderElection
 from agent.kube.rawapi import ApiStatusError
 
 log = logging.getLogger("agent.imex.controller")
 
 FINALIZER = "resource.nvidia.com/computeDomain"
 CHANNEL_CLASS = "compute-domain-default-channel.nvidia.com"
-LEASE_NAME = "gpu-dra-agent-controller"
 Obj = dict[str, Any]
 
 
@@ -68,7 +72,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--resync-seconds",
         type=float,
         default=1.0,
-        help="how often every ComputeDomain is read again (default: 1)",
+        help="how often every ComputeDomain is reconciled again from the controller's "
+        "watched caches, with no request unless something must be written; changes are "
+        "acted on at once (default: 1)",
     )
     add(
         "--api-timeout-seconds",
@@ -80,7 +86,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     from agent.config import API_TIMEOUT_ENV, DEFAULT_API_TIMEOUT_S, parse_api_timeout
-    from agent.kube.client import create_api_client
+    from agent.kube.client import create_api_client, user_agent
     from agent.memory import pin_mmap_threshold
 
     if args.api_timeout_seconds is not None:
@@ -93,7 +99,9 @@ async def run(args: argparse.Namespace) -> int:
     kubeconfig = args.kubeconfig or (
         Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None
     )
-    api_client = await create_api_client(kubeconfig)
+    api_client = await create_api_client(
+        kubeconfig, agent=user_agent("gpu-dra-agent-controller", args.identity)
+    )
     try:
         api = DomainApi(api_client, component="gpu-dra-agent-controller", request_timeout=timeout)
         controller = Controller(
@@ -160,7 +168,7 @@ def domain_status(domain: Obj) -> str:
     return "Ready" if ready else "NotReady"
 
 
-class Controller:
+class Controller(LeaderElection):
     def __init__(
         self,
         api: DomainApi,
@@ -171,14 +179,14 @@ class Controller:
         lease_seconds: float = 15.0,
         resync_seconds: float = 1.0,
     ) -> None:
-        self.api = api
+        super().__init__(
+            api, identity=identity, lease_namespace=lease_namespace, lease_seconds=lease_seconds
+        )
         #: the ComputeDomainCliques of the driver's namespace (None: only status.nodes)
         self.cliques = cliques
-        self.identity = identity
-        self.lease_namespace = lease_namespace
-        self.lease_seconds = lease_seconds
         self.resync_seconds = resync_seconds
-        self._renewed = 0.0
+        #: what the leader knows of the cluster (watched once it leads)
+        self.cache = ControllerCache(api, cliques.namespace if cliques is not None else None)
         self._waiting: set[str] = set()
         #: Domains (uids) whose template create got no answer: it may have been stored.
         self._unanswered: set[str] = set()
@@ -186,115 +194,63 @@ class Controller:
         self._unanswered_status: dict[str, tuple[str | None, str]] = {}
 
     async def run(self) -> None:
-        log.info("waiting to lead", extra={"identity": self.identity, "lease": LEASE_NAME})
-        while not await self._lease_taken():  # noqa: ASYNC110 - the Lease is remote
-            await anyio.sleep(min(2.0, self.lease_seconds / 3))
+        await self.wait_to_lead()
         log.info("leading: reconciling ComputeDomains", extra={"identity": self.identity})
         async with anyio.create_task_group() as group:
             group.start_soon(self._keep_lease, group)
-            while True:
-                try:
-                    await self.reconcile_all()
-                except Exception as error:  # logged; the next pass tries again
-                    log.warning("reconciling ComputeDomains failed: %s", describe(error))
-                await anyio.sleep(self.resync_seconds)
-
-    # -- leader election --------------------------------------------------------------------
-
-    async def _try_lease(self) -> bool:
-        now = datetime.now(UTC)
-        stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        try:
-            lease = await self.api.get_lease(self.lease_namespace, LEASE_NAME)
-            if lease is None:
-                body = {
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {"name": LEASE_NAME, "namespace": self.lease_namespace},
-                    "spec": {
-                        "holderIdentity": self.identity,
-                        "leaseDurationSeconds": int(self.lease_seconds),
-                        "acquireTime": stamp,
-                        "renewTime": stamp,
-                        "leaseTransitions": 0,
-                    },
-                }
-                await self.api.create_lease(self.lease_namespace, body)
-            else:
-                spec = lease.setdefault("spec", {})
-                holder = spec.get("holderIdentity")
-                renewed = _parse_time(spec.get("renewTime"))
-                duration = float(spec.get("leaseDurationSeconds") or self.lease_seconds)
-                if holder not in (None, "", self.identity) and renewed is not None:
-                    if now < renewed + timedelta(seconds=duration):
-                        return False
-                if holder != self.identity:
-                    spec["acquireTime"] = stamp
-                    spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + 1
-                spec.update(
-                    holderIdentity=self.identity,
-                    renewTime=stamp,
-                    leaseDurationSeconds=int(self.lease_seconds),
-                )
-                await self.api.replace_lease(self.lease_namespace, lease)
-        except ApiStatusError as error:
-            if error.code == 409:
-                return False  # another replica wrote it first
-            raise
-        self._renewed = anyio.current_time()
-        return True
-
-    async def _lease_taken(self) -> bool:
-        """One try to take the Lease while waiting to lead: an API failure (its GET or the
-        create or replace) is logged and the next try comes, as for a renewal."""
-        try:
-            return await self._try_lease()
-        except Exception as error:
-            log.warning("taking the Lease failed: %s", describe(error))
-            return False
-
-    async def _keep_lease(self, group: Any) -> None:
-        while True:
-            await anyio.sleep(self.lease_seconds / 3)
-            try:
-                if await self._try_lease():
-                    continue
-            except Exception as error:
-                log.warning("renewing the Lease failed: %s", describe(error))
-            if anyio.current_time() - self._renewed > self.lease_seconds:
-                raise AgentError(
-                    f"lost the Lease {self.lease_namespace}/{LEASE_NAME}: not renewed for "
-                    f"{self.lease_seconds:g} s; exiting so that a standby can lead"
-                )
+            await group.start(self.cache.run)
+            await keep_reconciling(self.cache, self.reconcile_cached, self.resync_seconds)
 
     # -- reconciliation ---------------------------------------------------------------------
 
     async def reconcile_all(self) -> None:
-        cliques = await self.cliques.list_all() if self.cliques is not None else None
-        for domain in await self.api.list_all():
+        """One pass from fresh LISTs of the three collections (the running leader's passes
+        read its watched caches: :meth:`reconcile_cached`)."""
+        await self.cache.relist()
+        await self.reconcile_cached()
+
+    async def reconcile_cached(self) -> bool:
+        """One pass over every domain of the cache; a domain that fails does not stop the
+        others, and the first failure is raised at the end. False when a write met 404 or 409
+        (an object gone or changed meanwhile: not a failure, its watch event is on the way;
+        the pass is run again after a backoff all the same)."""
+        cliques = self.cache.cliques.items() if self.cache.cliques is not None else None
+        failure: Exception | None = None
+        done = True
+        for domain in self.cache.domains.items():
             try:
-                await self.reconcile(domain, cliques)
+                await self.reconcile(copy.deepcopy(domain), cliques)
             except ApiStatusError as error:
-                if error.code not in (404, 409):  # gone or changed: the next pass sees it
-                    raise
+                done = done and error.code not in (404, 409)
+                if error.code not in (404, 409):
+                    failure = failure or error
+            except Exception as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
+        return done
 
     async def _template_made(self, ref: DomainRef, name: str, domain: Obj) -> bool:
-        """Create the domain's template if it is missing; True when this controller made it,
-        also when its create got no answer but was stored (found on the next pass): the
-        TemplateCreated Event is then posted once, on that pass."""
-        if await self.api.get_template(ref.namespace, name) is not None:
-            made = ref.uid in self._unanswered
-            self._unanswered.discard(ref.uid)
-            return made
-        try:
-            await self.api.create_template(ref.namespace, channel_template(domain))
-        except ApiStatusError:
-            raise  # answered: not stored
-        except Exception:
-            self._unanswered.add(ref.uid)  # a timeout or a lost connection: stored or not
-            raise
+        """Create the domain's template if the cache has none; True when this controller
+        made it, also when its create got no answer but was stored (found on the next pass):
+        the TemplateCreated Event is then posted once, on that pass. A create answered 409
+        AlreadyExists (the cache had not seen it yet) counts as found."""
+        if self.cache.template(ref.namespace, name) is None:
+            try:
+                made = await self.api.create_template(ref.namespace, channel_template(domain))
+            except ApiStatusError as error:
+                if error.code != 409:
+                    raise  # answered: not stored
+            except Exception:
+                self._unanswered.add(ref.uid)  # a timeout or a lost connection: stored or not
+                raise
+            else:
+                self.cache.templates.record(made)
+                self._unanswered.discard(ref.uid)
+                return True
+        found = ref.uid in self._unanswered
         self._unanswered.discard(ref.uid)
-        return True
+        return found
 
     async def reconcile(self, domain: Obj, cliques: list[Obj] | None = None) -> None:
         """One pass over one domain; ``cliques``: every ComputeDomainClique of the driver's
@@ -308,8 +264,11 @@ class Controller:
         ) or {}
         template_name = template.get("name")
         if meta.get("deletionTimestamp"):
-            if template_name and await self.api.delete_template(ref.namespace, template_name):
-                log.info("deleted ResourceClaimTemplate %s/%s", ref.namespace, template_name)
+            cached = self.cache.template(ref.namespace, template_name) if template_name else None
+            if cached is not None:
+                if await self.api.delete_template(ref.namespace, str(template_name)):
+                    log.info("deleted ResourceClaimTemplate %s/%s", ref.namespace, template_name)
+                self.cache.templates.forget(cached)
             members = node_entries(domain) if mine is None else _members(mine)
             if members:
                 if ref.uid not in self._waiting:
@@ -321,15 +280,18 @@ class Controller:
                 assert self.cliques is not None
                 if await self.cliques.delete(clique["metadata"]["name"]):
                     log.info("%s: deleted %s", ref, clique["metadata"]["name"])
+                if self.cache.cliques is not None:
+                    self.cache.cliques.forget(clique)
             if FINALIZER in finalizers:
                 meta["finalizers"] = [f for f in finalizers if f != FINALIZER]
-                await self.api.replace(domain)
+                self.cache.domains.record(await self.api.replace(domain))
                 self._waiting.discard(ref.uid)
                 log.info("%s: every node left; finalizer removed", ref)
             return
         if FINALIZER not in finalizers:
             meta["finalizers"] = [*finalizers, FINALIZER]
             domain = await self.api.replace(domain)
+            self.cache.domains.record(domain)
         if template_name and await self._template_made(ref, template_name, domain):
             log.info(
                 "created ResourceClaimTemplate %s/%s for %s", ref.namespace, template_name, ref
@@ -352,9 +314,11 @@ class Controller:
         unanswered = self._unanswered_status.pop(ref.uid, None)
         if changed:
             try:
-                await self.api.set_status(domain, status)
+                self.cache.domains.record(await self.api.set_status(domain, status))
             except ApiStatusError:
-                raise  # answered: not stored
+                if unanswered is not None:  # answered, not stored (a stale cache's 409)
+                    self._unanswered_status[ref.uid] = unanswered
+                raise
             except Exception:
                 self._unanswered_status[ref.uid] = (current, wanted)
                 raise
@@ -373,14 +337,3 @@ class Controller:
 
 def _members(cliques: list[Obj]) -> list[Any]:
     return [e for clique in cliques for e in daemon_entries(clique)]
-
-
-def _parse_time(text: Any) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    for layout in ("%Y-%m-%dT%H:%M:%S.%fZ", "%Y-%m-%dT%H:%M:%SZ"):
-        try:
-            return datetime.strptime(text, layout).replace(tzinfo=UTC)
-        except ValueError:
-            continue
-    return None
