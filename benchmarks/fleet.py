@@ -5,14 +5,20 @@ starts the fleet of :mod:`benchmarks.fleet_cluster` (the API server with its max
 limit on, the controller, one agent process per simulated GB200 tray, ``--nodes /
 --cliques`` trays per rack) and runs the scenarios, one row each of the printed table:
 
+0. start-up shedding (:mod:`benchmarks.fleet_shedding`): the controller and every agent start
+   at once while the API server answers every request 429 with ``Retry-After: 1`` for
+   ``--startup-shedding-seconds`` (20): nobody exits, every pool is whole and the controller
+   leads within 10 s of the shedding's end, and no client comes back sooner than its
+   ``Retry-After``;
 1. formation: a ComputeDomain (``numNodes`` = N) and one channel claim per node, allocated by
    the embedded allocator; all N prepares issued at once (a failed one is retried every 0.5 s,
    as the kubelet retries): first prepare to last answer, p50/max per node, to ``Ready``; the
    API requests of the formation by verb and code (409s, 429s);
 2. steady state for ``--steady-seconds`` (60): requests per node per minute of the agents
-   (everything but the controller's Lease and resync lists, shown apart);
+   (everything but the controller's requests, shown apart: per minute, and per renewal of
+   its Lease, which is all an idle controller sends, its caches being watched);
 3. the API server restarted (every watch and connection drops, 1 s down): until every watch
-   is open again and the controller has listed again; the storm's requests per node;
+   (the controller's too) is open again; the storm's requests per node;
 4. the domain deleted with its pods (the kubelet unprepares every claim): until every daemon
    stopped and every clique and the domain are gone (goal 10 s);
 5. a second formation with one agent killed (SIGKILL) once it joined, then restarted: the
@@ -25,6 +31,7 @@ Exit 0 only when every goal holds. The raw numbers go to ``<workdir>/fleet.json`
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -47,29 +54,42 @@ from benchmarks.fleet_cluster import (
 )
 from benchmarks.fleet_goals import Row, goals_for, render
 from benchmarks.fleet_scenarios import delete_domain, form
+from benchmarks.fleet_shedding import startup_shedding
 
-#: the controller's requests: its Lease, and each resync's lists and template reads
-CONTROLLER_ROWS = {("get", "leases"), ("update", "leases"), ("list", "computedomains"),
-                   ("list", "computedomaincliques"), ("get", "resourceclaimtemplates")}  # fmt: skip
+#: the controller's requests but its watches: its Lease, its lists (at its start and after a
+#: 410) and its template and finalizer writes
+CONTROLLER_ROWS = {("get", "leases"), ("update", "leases"), ("create", "leases"),
+                   ("list", "computedomains"), ("list", "computedomaincliques"),
+                   ("list", "resourceclaimtemplates"), ("create", "resourceclaimtemplates"),
+                   ("delete", "resourceclaimtemplates"), ("update", "computedomains")}  # fmt: skip
+#: the controller's watches (of cliques the agents' too: those count as the agents')
+CONTROLLER_WATCHES = {("watch", "computedomains"), ("watch", "resourceclaimtemplates")}
+LEASE_RENEWED = ("update", "leases", 200)
 
 
 def split_controller(
     delta: dict[tuple[str, str, int], int],
 ) -> tuple[int, int]:
-    """(the agents' requests, the controller's: its Lease renewals and resync lists)."""
-    controller = sum(
-        n for (verb, resource, _), n in delta.items() if (verb, resource) in CONTROLLER_ROWS
-    )
-    return sum(delta.values()) - controller, controller
+    """(the agents' requests, the controller's but its watches)."""
+    controller = watches = 0
+    for (verb, resource, _), n in delta.items():
+        controller += n if (verb, resource) in CONTROLLER_ROWS else 0
+        watches += n if (verb, resource) in CONTROLLER_WATCHES else 0
+    return sum(delta.values()) - controller - watches, controller
 
 
-async def scenario_steady(fleet: Fleet, seconds: float) -> tuple[float, float, str]:
+async def scenario_steady(fleet: Fleet, seconds: float) -> tuple[float, float, float, str]:
+    """Per minute the agents' requests per node and the controller's; the controller's per
+    Lease renewal of the window (idle, it renews its Lease and sends nothing else)."""
     before = await fleet.counts()
     await anyio.sleep(seconds)
     delta = counts_delta(await fleet.counts(), before)
     agents, controller = split_controller(delta)
+    renewals = delta.get(LEASE_RENEWED, 0)
+    per_renewal = controller / renewals if renewals else math.nan
     minutes = seconds / 60
-    return agents / fleet.nodes_count / minutes, controller / minutes, describe_counts(delta)
+    return (agents / fleet.nodes_count / minutes, controller / minutes, per_renewal,
+            describe_counts(delta))  # fmt: skip
 
 
 async def scenario_restart(fleet: Fleet) -> tuple[float, float, str]:
@@ -78,15 +98,10 @@ async def scenario_restart(fleet: Fleet) -> tuple[float, float, str]:
     started = time.monotonic()
     await fleet.restart_server(1.0)
     await anyio.sleep(0.2)
-    lists_before = before.get(("list", "computedomains", 200), 0)
     with anyio.fail_after(120):
         while True:
-            try:
-                counts = await fleet.counts()
-                if (
-                    await fleet.open_watches() >= watches
-                    and counts.get(("list", "computedomains", 200), 0) > lists_before
-                ):
+            try:  # the controller's watches among them
+                if await fleet.open_watches() >= watches:
                     break
             except OSError:
                 pass  # the server is down
@@ -111,17 +126,21 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
     report: dict[str, object] = {"nodes": args.nodes, "cliques": args.cliques}
     peaks: dict[str, float] = {}
     async with AsyncExitStack() as stack:
-        await fleet.start(stack)
+        shedding = args.startup_shedding_seconds
+        await fleet.start(stack, shed_seconds=shedding)
         began = time.monotonic()
-        limiter = anyio.CapacityLimiter(args.start_concurrency)
+        if shedding > 0:
+            rows += await startup_shedding(fleet, shedding)
+        else:
+            limiter = anyio.CapacityLimiter(args.start_concurrency)
 
-        async def start(node: FleetNode) -> None:
-            async with limiter:
-                await fleet.start_agent(node)
+            async def start(node: FleetNode) -> None:
+                async with limiter:
+                    await fleet.start_agent(node)
 
-        async with anyio.create_task_group() as group:
-            for node in fleet.nodes:
-                group.start_soon(start, node)
+            async with anyio.create_task_group() as group:
+                for node in fleet.nodes:
+                    group.start_soon(start, node)
         print(
             f"{args.nodes} agents registered in {time.monotonic() - began:.1f} s", file=sys.stderr
         )
@@ -131,11 +150,13 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
             rows += first.rows(args.nodes)
             report["formation"] = first.as_json()
             print("formation requests:\n" + first.requests, file=sys.stderr)
-            per_node, controller, text = await scenario_steady(fleet, args.steady_seconds)
+            steady = await scenario_steady(fleet, args.steady_seconds)
+            per_node, controller, per_renewal, text = steady
             rows.append(Row("steady: agents' requests per node per minute", per_node, "req/min"))
             rows.append(
-                Row("steady: controller requests per minute (Lease, resync)", controller, "req/min")
+                Row("steady: controller requests per minute (Lease)", controller, "req/min")
             )
+            rows.append(Row("steady: controller requests per Lease renewal", per_renewal, "req"))
             print("steady-state requests:\n" + text, file=sys.stderr)
             took, storm, text = await scenario_restart(fleet)
             rows.append(Row("API server restart: every agent re-listed and re-watched", took, "s"))
@@ -188,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-in-flight", type=int, default=16,
                         help="the API server's seats; 429 with Retry-After beyond (16)")  # fmt: skip
     parser.add_argument("--start-concurrency", type=int, default=4,
-                        help="agents starting at once (4)")  # fmt: skip
+                        help="agents starting at once without start-up shedding (4)")  # fmt: skip
+    parser.add_argument("--startup-shedding-seconds", type=float, default=20.0,
+                        help="the API server answers every request 429 (Retry-After: 1) this "
+                        "long while the controller and every agent start at once; 0: none, "
+                        "the agents start --start-concurrency at a time (20)")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None, help="kept after the run")
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.cliques < 1 or -(-args.nodes // args.cliques) > MAX_DAEMONS:

@@ -145,6 +145,17 @@ class Fleet:
     async def open_watches(self) -> int:
         return int((await self.debug("requests"))["openWatches"])
 
+    async def shed(self, seconds: float, retry_after: int = 1) -> None:
+        """Every request answered 429 with ``Retry-After`` for ``seconds`` from now."""
+        assert self.http is not None
+        params = {"seconds": str(seconds), "retryAfter": str(retry_after)}
+        async with self.http.post(f"{self.url}/debug/embedded/shed", params=params) as answer:
+            answer.raise_for_status()
+
+    async def early_retries(self) -> list[dict[str, Any]]:
+        """Requests a client sent again sooner than the ``Retry-After`` it was given."""
+        return list((await self.debug("requests", earlyRetries="1"))["earlyRetries"])
+
     async def restart_server(self, down_seconds: float) -> None:
         assert self.http is not None
         url = f"{self.url}/debug/embedded/restart"
@@ -166,7 +177,10 @@ class Fleet:
 
     # -- processes ---------------------------------------------------------------------------
 
-    async def start(self, stack: AsyncExitStack) -> None:
+    async def start(self, stack: AsyncExitStack, *, shed_seconds: float = 0.0) -> None:
+        """The API server, the Node objects and the kubelet emulators, then the controller;
+        with ``shed_seconds`` the server answers every request 429 from before the
+        controller's start on, for that long (the agents are started by the caller)."""
         self.http = await stack.enter_async_context(aiohttp.ClientSession())
         self.kubeconfig = self.workdir / "kubeconfig"
         log = (self.workdir / "apiserver.log").open("wb")
@@ -186,14 +200,6 @@ class Fleet:
         self.url = config["clusters"][0]["cluster"]["server"]
         for device_class in default_device_classes():
             await self.post("/apis/resource.k8s.io/v1/deviceclasses", device_class)
-        log = (self.workdir / "controller.log").open("wb")
-        self.controller = await anyio.open_process(
-            [sys.executable, "-m", "agent", "controller", "--kubeconfig", str(self.kubeconfig),
-             "--lease-namespace", DRIVER_NAMESPACE, "--identity", "controller-0",
-             "--resync-seconds", "0.5"],
-            stdout=log, stderr=log,
-        )  # fmt: skip
-        stack.push_async_callback(self._stop, self.controller)
         for index in range(self.nodes_count):
             rack, tray = divmod(index, self.per_rack)
             name = f"tray-r{rack}-t{tray:02}"
@@ -212,6 +218,16 @@ class Fleet:
             )
             self.nodes.append(node)
         stack.push_async_callback(self._stop_agents)
+        if shed_seconds > 0:  # from the controller's first request on
+            await self.shed(shed_seconds)
+        log = (self.workdir / "controller.log").open("wb")
+        self.controller = await anyio.open_process(
+            [sys.executable, "-m", "agent", "controller", "--kubeconfig", str(self.kubeconfig),
+             "--lease-namespace", DRIVER_NAMESPACE, "--identity", "controller-0",
+             "--resync-seconds", "0.5"],
+            stdout=log, stderr=log,
+        )  # fmt: skip
+        stack.push_async_callback(self._stop, self.controller)
 
     @property
     def per_rack(self) -> int:
@@ -226,9 +242,15 @@ class Fleet:
             "--node-ip", node.address, "--compute-domains", "on",
             "--health-monitoring", "false", "--sim-fabric-dir", str(self.workdir / "fabric"),
         )  # fmt: skip
-        process = node.process = await start_agent(command, node.root / f"agent-{node.starts}.log")
-        if not wait:
-            return
+        node.process = await start_agent(command, node.root / f"agent-{node.starts}.log")
+        if wait:
+            await self.wait_started(node, registered)
+
+    async def wait_started(self, node: FleetNode, registered: int = 0) -> None:
+        """Until ``node``'s agent registered the ComputeDomain driver (``registered`` times
+        before) and published its channel slice; RuntimeError if it exits meanwhile."""
+        process, kubelet = node.process, node.kubelet
+        assert process is not None and kubelet is not None
         async with anyio.create_task_group() as group:
 
             async def exited() -> None:
@@ -237,7 +259,7 @@ class Fleet:
                 raise RuntimeError(f"the agent of {node.name} exited at start:\n{log[-2000:]}")
 
             group.start_soon(exited)
-            await node.kubelet.wait_event(
+            await kubelet.wait_event(
                 EventKind.REGISTERED, CD_DRIVER, count=registered + 1, timeout=300
             )
             # it registers before its channel slice is written; allocation needs the slice
