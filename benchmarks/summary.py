@@ -82,10 +82,11 @@ def summarize(results: Sequence[Result]) -> list[Row]:
     cold_floor = None if None in cold else cold[0] + cold[1] + 2 * cold[2]  # type: ignore[operator]
     add("P1", "prepare 1 GPU one at a time, traced, p50", p50("tracing on: grpc prepare 1 GPU, one at"),
         floor=cold_floor, floor_what="the same, one at a time", bound=1.3, bound_on_ratio=True)  # fmt: skip
-    # P2's bound is on the batch against P1 (the issue: P2 <= 4 x P1), so P1 is its floor
+    # P2's bound is on the batch against P1 (issue 30: P2 <= 5 x P1, it was 4 x while the claim
+    # GET had an HTTP client of our own), so P1 is its floor
     p1 = p50("grpc prepare 1 GPU")
     add("P2", "prepare batch of 32 (MIG claims) against P1, p50", p50("engine prepare 32 MIG"),
-        floor=p1, floor_what="P1", bound=4, bound_on_ratio=True)  # fmt: skip
+        floor=p1, floor_what="P1", bound=5, bound_on_ratio=True)  # fmt: skip
     add("P3", "NVML event -> health stream, p99", p99("xid -> health stream"), bound=100)
     add("P4", "NVML event -> taint in API server, p99", p99("xid -> taint"), bound=100)
     add("P5", "wipe -> republished (dgx-h100), p50", p50("slices: wipe -> republished (dgx-h100"),

@@ -35,13 +35,13 @@ def test_p1_is_the_prepare_over_the_physical_floor_of_the_same_run() -> None:
     assert {r.key for r in rows} == {"P1", "P7"}  # only rows that were measured
 
 
-def test_p2_is_the_batch_over_p1_of_the_same_run_bound_at_four() -> None:
-    batch = Result("engine prepare 32 MIG claims, CDI on tmpfs", (14.0,))
+def test_p2_is_the_batch_over_p1_of_the_same_run_bound_at_five() -> None:
+    batch = Result("engine prepare 32 MIG claims, CDI on tmpfs", (19.0,))
     p2 = next(r for r in summarize([*_results(4.0), batch]) if r.key == "P2")
-    assert p2.floor == 4.0  # P1's value: the issue bounds P2 at 4 x P1
-    assert p2.ratio == 3.5
+    assert p2.floor == 4.0  # P1's value: issue 30 bounds P2 at 5 x P1
+    assert p2.ratio == 4.75
     assert p2.within_bound is True
-    batch = Result("engine prepare 32 MIG claims, CDI on tmpfs", (17.0,))
+    batch = Result("engine prepare 32 MIG claims, CDI on tmpfs", (21.0,))
     p2 = next(r for r in summarize([*_results(4.0), batch]) if r.key == "P2")
     assert p2.within_bound is False
 
@@ -84,7 +84,7 @@ def test_the_median_run_of_each_row_is_kept_whole() -> None:
 
 
 def test_the_issue_goals_are_bounds_that_check_flags() -> None:
-    """P2 against P1 of the same run (<= 4 x), start (<= 500 ms) and resident memory (<= 80
+    """P2 against P1 of the same run (<= 5 x), start (<= 500 ms) and resident memory (<= 80
     MB) on their values although they have a floor or none, the taint's p99 <= 100 ms."""
 
     def results(batch: float, start: float, rss: float, taint: float) -> list[Result]:
@@ -97,12 +97,12 @@ def test_the_issue_goals_are_bounds_that_check_flags() -> None:
             Result("xid -> taint in API server", (taint,)),
         ]
 
-    rows = {(r.key, r.what): r for r in summarize(results(12.0, 450.0, 79.0, 60.0))}
+    rows = {(r.key, r.what): r for r in summarize(results(15.0, 450.0, 79.0, 60.0))}
     p2 = rows["P2", "prepare batch of 32 (MIG claims) against P1, p50"]
-    assert p2.floor == 3.0 and p2.ratio == 4.0 and p2.within_bound is True
+    assert p2.floor == 3.0 and p2.ratio == 5.0 and p2.within_bound is True
     assert compare(list(rows.values()), None) == []
 
-    flags = compare(summarize(results(12.3, 510.0, 81.0, 101.0)), None)
+    flags = compare(summarize(results(15.3, 510.0, 81.0, 101.0)), None)
     assert [flag.split(":")[0] for flag in flags] == [
         "P2 prepare batch of 32 (MIG claims) against P1, p50",
         "P4 NVML event -> taint in API server, p99",
