@@ -7,9 +7,11 @@ open (kubelet restarts, tools). Each has a latest-state slot of its own: publish
 for a stream, and a slow stream skips straight to the newest list instead of queueing old ones.
 
 grpclib's ``Server.close()`` would cancel the handlers without ending their streams
-(dependency-notes.md §2); so the handlers watch the server's ``stopping`` event and return,
-which ends each stream with status OK, and they count as calls in flight so that the server's
-drain waits for them before it closes.
+(dependency-notes.md §2); so the handlers watch the server's ``stopping`` event, end their
+streams with status OK themselves (:func:`~agent.kubelet.server.end_stream`: the trailers sent
+and read by the kubelet) and return, and they count as the server's open streams, which the
+kubelet plugin waits for before its registration socket goes (the kubelet then closes its
+connection) and the server before it closes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from opentelemetry.trace import SpanKind
 from agent.health.records import DeviceStatus
 from agent.kubelet import api
 from agent.kubelet.rpc import InFlightCalls, receive_request
+from agent.kubelet.server import end_stream
 from agent.telemetry.tracing import context_from_metadata, tracer
 
 log = logging.getLogger(__name__)
@@ -100,7 +103,7 @@ class HealthStreamService:
     """grpclib service object for both DRAResourceHealth versions, fed by a :class:`HealthHub`.
 
     Served on the DRA socket; :class:`~agent.kubelet.plugin.KubeletPlugin` calls
-    :meth:`attach_server` so that the handlers share the server's in-flight count and see it stop.
+    :meth:`attach_server` so that the handlers count as the server's open streams and see it stop.
     """
 
     def __init__(
@@ -115,12 +118,12 @@ class HealthStreamService:
         self.pool_name = pool_name
         self.timeout_seconds = health_check_timeout_seconds
         self.resend_interval = resend_interval
-        self.calls = InFlightCalls()
+        self.streams = InFlightCalls()
         self.stopping = anyio.Event()
 
     def attach_server(self, server: Any) -> None:
-        """Share the server's in-flight calls and ``stopping`` event (a ``UnixGrpcServer``)."""
-        self.calls = server.calls
+        """Share the server's open streams and ``stopping`` event (a ``UnixGrpcServer``)."""
+        self.streams = server.streams
         self.stopping = server.stopping
 
     def __mapping__(self) -> dict[str, grpclib.const.Handler]:
@@ -155,7 +158,7 @@ class HealthStreamService:
         )
 
     async def _watch(self, stream: Any, service: str, pb: ModuleType) -> None:
-        self.calls.enter(METHOD)
+        self.streams.enter(METHOD)
         try:
             await receive_request(stream, METHOD, pb.NodeWatchResourcesRequest)
             with tracer().start_as_current_span(
@@ -165,10 +168,11 @@ class HealthStreamService:
                 attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": METHOD},
             ) as span:
                 sent = await self._serve(stream, pb)
+                await end_stream(stream)  # before the stream counts as ended
                 span.set_attribute("gpu.health.messages_sent", sent)
                 span.set_attribute("rpc.grpc.status_code", Status.OK.value)
         finally:
-            self.calls.leave()
+            self.streams.leave()
 
     async def _serve(self, stream: Any, pb: ModuleType) -> int:
         watcher = self.hub.add()
@@ -190,7 +194,7 @@ class HealthStreamService:
         finally:
             self.hub.remove(watcher)
             log.info("health stream ended", extra={"messages": sent, "watchers": self.hub.watchers})
-        return sent  # returning ends the stream with status OK
+        return sent
 
     async def _until_ready(self) -> None:
         """Until the hub has a list or the server stops."""

@@ -2,8 +2,10 @@
 
 Order matters to the kubelet (kubelet-dra-protocol §6, §8): the DRA socket must accept calls
 before the registration socket appears, because the kubelet dials the endpoint right after
-registering; on the way out the registration socket goes first (the kubelet deregisters and stops
-sending calls), then the DRA socket, after the calls in flight have finished.
+registering; on the way out the streams end first (status OK, their trailers read by the
+kubelet), because the kubelet closes its connection to the DRA socket as soon as it deregisters
+the plugin; then the registration socket goes (the kubelet deregisters and stops sending calls),
+then the DRA socket, after the calls in flight have finished.
 """
 
 from __future__ import annotations
@@ -70,18 +72,36 @@ class KubeletPlugin:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled, then stop gracefully and remove both sockets."""
         await self.dra_server.start()
+        registration = anyio.CancelScope()
         try:
             async with anyio.create_task_group() as task_group:
-                await task_group.start(self.registrar.run)
-                log.info(
-                    "serving the kubelet",
-                    extra={
-                        "driver": self.driver_name,
-                        "dra_socket": str(self.dra_server.path),
-                        "registration_socket": str(self.registrar.path),
-                    },
-                )
-                task_status.started()
-                await anyio.sleep_forever()
+                try:
+                    await task_group.start(self._register, registration)
+                    # a stop cancels the registrar only below, once the streams have ended
+                    registration.shield = True
+                    log.info(
+                        "serving the kubelet",
+                        extra={
+                            "driver": self.driver_name,
+                            "dra_socket": str(self.dra_server.path),
+                            "registration_socket": str(self.registrar.path),
+                        },
+                    )
+                    task_status.started()
+                    await anyio.sleep_forever()
+                finally:
+                    try:
+                        await self.dra_server.end_streams()
+                    finally:
+                        registration.cancel()
         finally:
             await self.dra_server.stop(self._grace)
+
+    async def _register(
+        self,
+        scope: anyio.CancelScope,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with scope:
+            await self.registrar.run(task_status=task_status)

@@ -38,8 +38,10 @@ def statuses(unhealthy: Collection[int] = (), count: int = 8) -> list[DeviceStat
 class Watcher:
     """One kubelet-like client of the stream, reading in a task of its own."""
 
-    def __init__(self, socket: Path, pb: Any = api.health_v1) -> None:
-        self.channel = Channel(path=str(socket))
+    def __init__(
+        self, socket: Path, pb: Any = api.health_v1, channel: Channel | None = None
+    ) -> None:
+        self.channel = Channel(path=str(socket)) if channel is None else channel
         self.pb = pb
         self.messages: list[Any] = []
         self.ended_ok = False
@@ -195,6 +197,82 @@ async def test_shutdown_ends_every_stream_with_status_ok(short_dir: Path) -> Non
     assert [(w.ended_ok, w.error) for w in watchers] == [(True, None)] * 3
     for watcher in watchers:
         watcher.channel.close()
+
+
+async def test_every_stream_ended_before_the_registration_socket_goes(short_dir: Path) -> None:
+    """The kubelet closes its connection to the DRA socket as soon as it deregisters the plugin:
+    a stream whose trailers it has not read by then reaches it as a lost connection. So a stop
+    ends every stream, however many on one connection, before the registration socket goes."""
+    service = HealthStreamService(HealthHub(statuses()), pool_name=NODE)
+    plugin = make_plugin(short_dir, FakeEngine(), extra_services=[service], shutdown_grace=5.0)
+    channels: list[Channel] = []
+
+    async def deregister_when_the_socket_goes() -> None:  # as the kubelet's plugin watcher
+        while plugin.registrar.path.exists():
+            await anyio.lowlevel.checkpoint()
+        for channel in channels:
+            channel.close()
+
+    async with anyio.create_task_group() as outer:
+        async with anyio.create_task_group() as group:
+            await group.start(plugin.run)
+            channels.extend(Channel(path=str(plugin.dra_server.path)) for _ in range(4))
+            watchers = [
+                Watcher(plugin.dra_server.path, pb, channel)
+                for channel in channels
+                for pb in (api.health_v1, api.health_v1alpha1) * 4
+            ]
+            for watcher in watchers:
+                outer.start_soon(watcher.read)
+            for watcher in watchers:
+                await watcher.wait(1)
+            outer.start_soon(deregister_when_the_socket_goes)
+            group.cancel_scope.cancel()  # the plugin's graceful stop
+        with anyio.fail_after(3):
+            while not all(w.ended_ok or w.error for w in watchers):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+    assert [(w.ended_ok, w.error) for w in watchers] == [(True, None)] * 32
+
+
+async def test_a_client_that_stops_reading_holds_a_stop_up_for_a_second_at_most(
+    short_dir: Path,
+) -> None:
+    """Its stream cannot end (the socket's buffers are full): the registration socket goes after
+    STREAMS_END_GRACE all the same, the other streams having ended with status OK."""
+    hub = HealthHub(statuses())
+    service = HealthStreamService(hub, pool_name=NODE)
+    plugin = make_plugin(short_dir, FakeEngine(), extra_services=[service], shutdown_grace=5.0)
+    stuck = Channel(path=str(plugin.dra_server.path))
+    fast = Watcher(plugin.dra_server.path)
+    async with anyio.create_task_group() as outer:
+        async with stuck.request(
+            "/v1.DRAResourceHealth/NodeWatchResources",
+            grpclib.const.Cardinality.UNARY_STREAM,
+            api.health_v1.NodeWatchResourcesRequest,
+            api.health_v1.NodeWatchResourcesResponse,
+        ) as stream:
+            async with anyio.create_task_group() as group:
+                await group.start(plugin.run)
+                outer.start_soon(fast.read)
+                await stream.send_message(api.health_v1.NodeWatchResourcesRequest(), end=True)
+                await stream.recv_message()
+                stuck._protocol.connection._transport.pause_reading()  # reads no more
+                large = [DeviceStatus(f"gpu-{i}", Health.HEALTHY, "m" * 990) for i in range(100)]
+                for _ in range(30):  # 100 KB a message: the socket's buffers fill up
+                    hub.publish(large)
+                    await anyio.sleep(0.005)
+                await fast.wait(2)
+                started = time.monotonic()
+                group.cancel_scope.cancel()  # the plugin's graceful stop
+            stopped_after = time.monotonic() - started
+            stuck.close()  # it would wait for trailers forever
+        with anyio.fail_after(3):
+            while not (fast.ended_ok or fast.error):  # noqa: ASYNC110
+                await anyio.sleep(0.01)
+    assert 0.9 < stopped_after < 1.8  # STREAMS_END_GRACE, not the 5 s grace
+    assert (fast.ended_ok, fast.error) == (True, None)
+    assert not plugin.registrar.path.exists() and not plugin.dra_server.path.exists()
+    fast.channel.close()
 
 
 async def test_a_hub_made_before_the_monitor_sends_nothing_until_its_first_look(
