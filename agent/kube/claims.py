@@ -77,6 +77,7 @@ class ApiClaimReader:
             connector=api_client.rest_client.pool_manager.connector,
             connector_owner=False,
             trust_env=False,
+            cookie_jar=aiohttp.DummyCookieJar(),  # the API server sets none: no jar to keep
         )
         self._request: dict[str, Any] = {"proxy": self._proxy} if self._proxy else {}
         if getattr(configuration, "tls_server_name", None):

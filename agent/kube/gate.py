@@ -19,8 +19,7 @@ reader, which has a session of its own, passes through the same gate.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,8 +38,9 @@ class RetryAfterGate:
 
     def __init__(self) -> None:
         self._until: dict[tuple[str, str], float] = {}
-        #: (method, path, query) of the requests in flight -> set when answered
-        self._in_flight: dict[tuple[str, str, str], anyio.Event] = {}
+        #: (method, url, query) of the requests in flight -> the event their followers wait
+        #: for (made by the first follower: a request nobody follows costs no event)
+        self._in_flight: dict[tuple[str, str, str], list[anyio.Event]] = {}
         #: requests held back, and the seconds they waited in all (tests, the fleet)
         self.held = 0
         self.held_s = 0.0
@@ -60,26 +60,15 @@ class RetryAfterGate:
             self.held_s += left
             await anyio.sleep(left)
 
-    @asynccontextmanager
-    async def passage(
-        self, method: str, url: str, query: Sequence[tuple[str, Any]] = ()
-    ) -> AsyncIterator[None]:
-        """Hold the request until the same request in flight is answered (watches are not
-        held: they stay in flight for minutes) and until the server's hold has passed; the
-        body sends it."""
+    def passage(self, method: str, url: str, query: Sequence[tuple[str, Any]] = ()) -> Passage:
+        """An async context that holds the request until the same request in flight is
+        answered (watches are not held: they stay in flight for minutes) and until the
+        server's hold has passed; its body sends it."""
         watch = any(k == "watch" and str(v).lower() == "true" for k, v in query)
-        key = (method.upper(), url, "&".join(f"{k}={v}" for k, v in query))
-        if not watch:
-            while (ahead := self._in_flight.get(key)) is not None:
-                await ahead.wait()
-            self._in_flight[key] = answered = anyio.Event()
-        try:
-            await self.wait(method, url)
-            yield
-        finally:
-            if not watch:
-                del self._in_flight[key]
-                answered.set()
+        if watch:
+            return Passage(self, method, url, None)
+        key = (method, url, "&".join(f"{k}={v}" for k, v in query) if query else "")
+        return Passage(self, method, url, key)
 
     def note(self, method: str, url: str, status: int, headers: Mapping[str, str] | None) -> None:
         """Remember the ``Retry-After`` of a failed answer (a 429, a 503) to ``method`` ``url``."""
@@ -93,6 +82,36 @@ class RetryAfterGate:
             self._until = {k: v for k, v in self._until.items() if v > now}
         key = (method.upper(), urlsplit(url).path)
         self._until[key] = max(self._until.get(key, 0.0), now + min(after, MAX_HOLD_S))
+
+
+class Passage:
+    """One request through a :class:`RetryAfterGate` (:meth:`RetryAfterGate.passage`): a
+    plain class, not a generator context, as every claim GET of a prepare passes one."""
+
+    __slots__ = ("_followers", "_gate", "_key", "_method", "_url")
+
+    def __init__(
+        self, gate: RetryAfterGate, method: str, url: str, key: tuple[str, str, str] | None
+    ) -> None:
+        self._gate, self._method, self._url, self._key = gate, method, url, key
+        self._followers: list[anyio.Event] = []
+
+    async def __aenter__(self) -> None:
+        gate, key = self._gate, self._key
+        if key is not None:
+            while (ahead := gate._in_flight.get(key)) is not None:
+                if not ahead:
+                    ahead.append(anyio.Event())
+                await ahead[0].wait()
+            gate._in_flight[key] = self._followers
+        if gate._until:
+            await gate.wait(self._method, self._url)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._key is not None:
+            del self._gate._in_flight[self._key]
+            if self._followers:
+                self._followers[0].set()
 
 
 def install(api_client: Any) -> RetryAfterGate:
