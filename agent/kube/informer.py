@@ -13,8 +13,8 @@ The cache keeps objects by ``namespace/name`` (``name`` for cluster-scoped kinds
 reduced by a ``transform`` (only the fields its reader needs). Its owner may feed it what its
 own writes returned (:meth:`Informer.record`, :meth:`Informer.forget`), so that its next pass
 sees them at once; resourceVersions keep a late watch event from moving an object backwards,
-and tombstones keep one from bringing back an object the owner deleted (as the slice cache
-does, :mod:`agent.kube.slicewatch`). Every change a LIST or a watch brings sets a
+and tombstones keep one from bringing back an object the owner deleted (the store the slice
+cache shares: :mod:`agent.kube.versioned`). Every change a LIST or a watch brings sets a
 :class:`Changed`, which several informers may share and one consumer waits on.
 """
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -30,6 +30,7 @@ import anyio
 from agent.errors import describe
 from agent.kube.backoff import Backoff, retry_after
 from agent.kube.rawcall import Obj, WatchExpiredError, open_watch, watch_events
+from agent.kube.versioned import VersionedCache, object_key, resource_version
 
 log = logging.getLogger(__name__)
 
@@ -85,22 +86,6 @@ def collection(
     return list_once, watch_once
 
 
-def object_key(obj: Obj) -> str:
-    """``namespace/name``, or ``name`` for an object without a namespace."""
-    meta = obj.get("metadata") or {}
-    namespace, name = meta.get("namespace"), str(meta.get("name", ""))
-    return f"{namespace}/{name}" if namespace else name
-
-
-def resource_version(obj: Obj) -> int | None:
-    """The object's resourceVersion as an int, or None (versions are opaque in theory)."""
-    raw = (obj.get("metadata") or {}).get("resourceVersion")
-    try:
-        return int(str(raw))
-    except (TypeError, ValueError):
-        return None
-
-
 class Informer:
     """Keeps a cache of one collection equal to the server's while :meth:`run` runs; ``what``
     names the collection in logs."""
@@ -120,11 +105,9 @@ class Informer:
         self.changed = changed or Changed()
         self._list = list_call
         self._watch = watch_call
-        self._transform = transform
         self._watch_timeout = watch_timeout
         self._backoff = backoff or Backoff(initial=0.2, maximum=4.0)
-        self._objects: dict[str, Obj] = {}
-        self._tombstones: dict[str, int] = {}
+        self._cache = VersionedCache(transform=transform)
         self._synced = anyio.Event()
         self._seen = ""  # the last resourceVersion the current watch delivered
         #: LIST and WATCH requests sent
@@ -142,75 +125,28 @@ class Informer:
         await self._synced.wait()
 
     def get(self, key: str) -> Obj | None:
-        """The object with :func:`object_key` ``key``; shared: readers must not change it."""
-        return self._objects.get(key)
+        """The object with :func:`agent.kube.versioned.object_key` ``key``; shared: readers
+        must not change it."""
+        return self._cache.get(key)
 
     def items(self) -> list[Obj]:
         """The objects in key order; shared: readers must not change them."""
-        return [self._objects[key] for key in sorted(self._objects)]
+        return self._cache.items()
 
     def snapshot(self) -> dict[str, Obj]:
-        return dict(self._objects)
+        return self._cache.snapshot()
 
     def __len__(self) -> int:
-        return len(self._objects)
+        return len(self._cache)
 
     def record(self, obj: Obj) -> None:
         """What a write of the owner's returned (it is stored): the cache has it at once."""
-        self._apply("MODIFIED", obj)
+        self._cache.apply("MODIFIED", obj)
 
     def forget(self, obj: Obj) -> None:
         """The owner deleted ``obj`` (as last seen): gone from the cache, and no late event
         of it (of its version or an older one) brings it back."""
-        key = object_key(obj)
-        self._objects.pop(key, None)
-        rv = resource_version(obj)
-        if rv is not None:
-            self._tombstones[key] = max(rv, self._tombstones.get(key, rv))
-
-    def _apply(self, event_type: str, obj: Obj) -> bool:
-        """One watch event or write result; whether the cache changed."""
-        key, rv = object_key(obj), resource_version(obj)
-        current = self._objects.get(key)
-        if rv is not None:
-            newest = resource_version(current) if current is not None else None
-            if newest is not None and rv < newest:
-                return False
-            tomb = self._tombstones.get(key)
-            if current is None and tomb is not None and rv <= tomb:
-                return False
-        if event_type == "DELETED":
-            if current is None:
-                return False
-            del self._objects[key]
-            if rv is not None:
-                self._tombstones[key] = rv
-            return True
-        kept = self._transform(obj) if self._transform is not None else obj
-        self._tombstones.pop(key, None)
-        if current == kept:
-            return False
-        self._objects[key] = kept
-        return True
-
-    def _replace_all(self, items: Iterable[Obj], list_version: int | None) -> None:
-        """Take a LIST's items; what the owner wrote after the list (``list_version``) stays."""
-        transform = self._transform or (lambda obj: obj)
-        fresh = {object_key(item): transform(item) for item in items}
-        if list_version is not None:
-            for key, obj in self._objects.items():
-                rv = resource_version(obj)
-                if rv is not None and rv > list_version:
-                    fresh[key] = obj
-            for key, rv in self._tombstones.items():
-                if rv > list_version:
-                    fresh.pop(key, None)
-        self._objects = fresh
-        self._tombstones = {
-            key: rv
-            for key, rv in self._tombstones.items()
-            if list_version is not None and rv > list_version
-        }
+        self._cache.forget(object_key(obj), resource_version(obj))
 
     # -- list and watch -----------------------------------------------------------------------
 
@@ -219,7 +155,9 @@ class Informer:
         self.lists += 1
         listed = await self._list()
         version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
-        self._replace_all(listed.get("items") or [], int(version) if version.isdigit() else None)
+        self._cache.replace_all(
+            listed.get("items") or [], int(version) if version.isdigit() else None
+        )
         self._synced.set()
         self.changed.set()
         # no backoff reset here: only a watch that delivers events proves the server well
@@ -270,11 +208,10 @@ class Informer:
     def _handle(self, event: Obj) -> str | None:
         obj = event.get("object") or {}
         kind = str(event.get("type"))
-        if kind in ("ADDED", "MODIFIED", "DELETED") and self._apply(kind, obj):
+        if kind in ("ADDED", "MODIFIED", "DELETED") and self._cache.apply(kind, obj):
             self.changed.set()
         version = resource_version(obj)
-        if version is not None and self._tombstones:
-            # the watch is past these deletions: no older event of those objects can come
-            self._tombstones = {k: rv for k, rv in self._tombstones.items() if rv > version}
+        if version is not None:
+            self._cache.passed(version)
         raw = (obj.get("metadata") or {}).get("resourceVersion")
         return str(raw) if raw else None

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -25,86 +25,23 @@ import anyio
 
 from agent.kube.backoff import Backoff, retry_after
 from agent.kube.rawapi import RawSliceApi, WatchExpiredError
+from agent.kube.versioned import VersionedCache
+from agent.kube.versioned import resource_version as resource_version  # re-exported
 from agent.telemetry.metrics import SLICE_WATCH_REASONS, SLICE_WATCH_RESTARTS, add, at_zero
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 
 
-def resource_version(obj: Obj) -> int | None:
-    """The object's resourceVersion as an int, or None (versions are opaque in theory)."""
-    raw = (obj.get("metadata") or {}).get("resourceVersion")
-    try:
-        return int(str(raw))
-    except (TypeError, ValueError):
-        return None
-
-
 def _name(obj: Obj) -> str:
     return str((obj.get("metadata") or {}).get("name", ""))
 
 
-class SliceCache:
-    """Slices by name, never moved backwards by an older event."""
+class SliceCache(VersionedCache):
+    """Slices by name, never moved backwards by an older event (:mod:`agent.kube.versioned`)."""
 
     def __init__(self) -> None:
-        self._objects: dict[str, Obj] = {}
-        self._tombstones: dict[str, int] = {}
-
-    def snapshot(self) -> dict[str, Obj]:
-        """The slices by name; the objects are shared, so readers must not change them."""
-        return dict(self._objects)
-
-    def __len__(self) -> int:
-        return len(self._objects)
-
-    def replace_all(self, items: Iterable[Obj], list_version: int | None = None) -> None:
-        """Take a LIST's items; writes newer than the list (``list_version``) survive it."""
-        fresh = {_name(item): item for item in items}
-        if list_version is not None:
-            for name, obj in self._objects.items():
-                rv = resource_version(obj)
-                if rv is not None and rv > list_version:
-                    fresh[name] = obj
-            for name, rv in self._tombstones.items():
-                if rv > list_version:
-                    fresh.pop(name, None)
-        self._objects = fresh
-        self._tombstones = {
-            name: rv
-            for name, rv in self._tombstones.items()
-            if list_version is not None and rv > list_version
-        }
-
-    def apply(self, event_type: str, obj: Obj) -> bool:
-        """Apply one watch event (or write result); returns whether the cache changed."""
-        name, rv = _name(obj), resource_version(obj)
-        current = self._objects.get(name)
-        if rv is not None:
-            newest = resource_version(current) if current is not None else None
-            if newest is not None and rv < newest:
-                return False
-            tomb = self._tombstones.get(name)
-            if current is None and tomb is not None and rv <= tomb:
-                return False
-        if event_type == "DELETED":
-            if current is None:
-                return False
-            del self._objects[name]
-            if rv is not None:
-                self._tombstones[name] = rv
-            return True
-        if current == obj:
-            return False
-        self._objects[name] = obj
-        self._tombstones.pop(name, None)
-        return True
-
-    def forget(self, name: str, rv: int | None) -> None:
-        """The publisher deleted ``name`` (its last known version was ``rv``)."""
-        self._objects.pop(name, None)
-        if rv is not None:
-            self._tombstones[name] = rv
+        super().__init__(key=_name)
 
 
 class SliceWatcher:
