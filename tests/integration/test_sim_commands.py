@@ -5,8 +5,11 @@ they fail within the bound, naming the socket and what they waited for."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -21,6 +24,17 @@ pytestmark = pytest.mark.anyio
 
 HEALTHY, UNHEALTHY = DeviceHealthState.HEALTHY, DeviceHealthState.UNHEALTHY
 GPU = 3
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory with a short path: a socket path under pytest's tmp_path can pass the 107
+    bytes of sun_path (on CI it did), which fails at once, not after the wait."""
+    path = Path(tempfile.mkdtemp(prefix="sim-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 async def sim(
@@ -77,9 +91,9 @@ async def test_sim_recover_right_after_a_start_waits_for_the_engine(
 
 @pytest.mark.parametrize("op", ["xid", "recover"])
 async def test_where_nothing_listens_the_wait_ends_with_what_was_waited_for(
-    tmp_path: Path, op: str
+    short_dir: Path, op: str
 ) -> None:
-    plugins = tmp_path / "nowhere"  # not even the directory: a wrong --plugins-dir
+    plugins = short_dir / "nowhere"  # not even the directory: a wrong --plugins-dir
     socket = control_socket_path(plugins.absolute() / DRIVER)
     started = time.monotonic()
     status, out, err = await sim(plugins, op, *(["--xid", "79"] if op == "xid" else []), wait=1.5)
