@@ -105,9 +105,16 @@ class Passage:
                 await ahead[0].wait()
             gate._in_flight[key] = self._followers
         if gate._until:
-            await gate.wait(self._method, self._url)
+            try:
+                await gate.wait(self._method, self._url)
+            except BaseException:  # cancelled while held: the followers must not wait forever
+                self._leave()
+                raise
 
     async def __aexit__(self, *exc: object) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
         if self._key is not None:
             del self._gate._in_flight[self._key]
             if self._followers:

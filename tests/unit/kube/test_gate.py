@@ -110,3 +110,20 @@ async def test_the_imex_address_read_gives_up_on_a_refusal(
     put_node(apiserver)
     apiserver.faults.fail_next("GET", NODE_PATH, 403)
     assert await _node_address(api_client, "node-a", 5.0) is None
+
+
+async def test_a_request_cancelled_while_held_does_not_hold_the_next_one_forever(
+    apiserver: EmbeddedApiServer, api_client: Any
+) -> None:
+    """A read given up while it waits out a Retry-After (its caller's timeout) leaves the
+    path free: the next identical read is sent once the hold has passed."""
+    put_node(apiserver)
+    apiserver.faults.fail_next("GET", NODE_PATH, 429, retry_after=1)
+    with pytest.raises(ApiStatusError):
+        await send(CoreV1Api(api_client).read_node, "node-a", request_timeout=5)
+    with pytest.raises(TimeoutError):  # held by the gate, given up before the hold ends
+        await send(CoreV1Api(api_client).read_node, "node-a", request_timeout=0.2)
+    with anyio.fail_after(3):
+        node = await send(CoreV1Api(api_client).read_node, "node-a", request_timeout=5)
+    assert node["metadata"]["name"] == "node-a"
+    assert apiserver.requests.early_retries() == []
