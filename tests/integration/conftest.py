@@ -78,6 +78,17 @@ def workdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory of one test with a short path: unix socket paths under it stay within
+    sun_path's 107 bytes (pytest's tmp_path can pass them)."""
+    path = Path(tempfile.mkdtemp(prefix="gs-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 async def fresh_harness(workdir: Path) -> AsyncIterator[AgentHarness]:
     """API server (with this node's Node) and kubelet emulator; no agent running yet."""

@@ -13,11 +13,8 @@ than a ``Retry-After`` it was given (per client, by ``User-Agent``, and per meth
 from __future__ import annotations
 
 import contextlib
-import shutil
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -46,16 +43,8 @@ RETRY_AFTER_S = 1
 NODES = {"tray-a": (TRAY, "127.0.7.1"), "tray-b": (TRAY, "127.0.7.2"), "h100": ("dgx-h100", "")}
 
 
-@pytest.fixture
-def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="shed-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-async def test_agents_and_controller_ride_out_a_shedding_api_server(workdir: Path) -> None:
+async def test_agents_and_controller_ride_out_a_shedding_api_server(short_dir: Path) -> None:
+    workdir = short_dir
     async with EmbeddedApiServer() as server, contextlib.AsyncExitStack() as stack:
         for device_class in default_device_classes():
             server.put_object(device_class)

@@ -5,11 +5,8 @@ they fail within the bound, naming the socket and what they waited for."""
 
 from __future__ import annotations
 
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -24,17 +21,6 @@ pytestmark = pytest.mark.anyio
 
 HEALTHY, UNHEALTHY = DeviceHealthState.HEALTHY, DeviceHealthState.UNHEALTHY
 GPU = 3
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A directory with a short path: a socket path under pytest's tmp_path can pass the 107
-    bytes of sun_path (on CI it did), which fails at once, not after the wait."""
-    path = Path(tempfile.mkdtemp(prefix="sim-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def sim(
