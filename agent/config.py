@@ -47,6 +47,7 @@ _MAX_DRIVER_NAME_LENGTH = 63
 #: ``auto`` reads the API server's version (1.34: ``combined``, one slice per GPU with its
 #: counters and devices; 1.35+: ``split``, a counters-only slice plus device slices).
 SLICE_LAYOUTS = ("auto", "combined", "split")
+DEVICE_ORDERS = ("packing", "names")  # agent.dra.order's (kept here: config imports no layer)
 #: ``--compute-domains``: serve compute-domain.nvidia.com where the GPUs share a fabric clique
 #: (``auto``), always (``on``: a node without a clique publishes no channel) or never.
 COMPUTE_DOMAIN_MODES = ("auto", "on", "off")
@@ -100,6 +101,8 @@ SETTINGS: tuple[Setting, ...] = (
     # dynamic MIG (docs/OPERATIONS.md, "Dynamic MIG")
     Setting("dynamic-mig", "GPU_DRA_DYNAMIC_MIG", "false"),
     Setting("slice-layout", "GPU_DRA_SLICE_LAYOUT", "auto"),
+    # the order devices are published in; first fit follows it (docs/OPERATIONS.md, "Packing")
+    Setting("device-order", "GPU_DRA_DEVICE_ORDER", "packing"),
     Setting("adopt-mig-instances", "GPU_DRA_ADOPT_MIG_INSTANCES", "false"),
     Setting("mig-mode-off-when-idle", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE", "true"),
     # KEP-5075 shares: disabled|memory|unlimited|<N> (docs/OPERATIONS.md, "Consumable shares")
@@ -141,6 +144,7 @@ class AgentConfig:
     # dynamic MIG: publish partitionable devices, create instances on prepare
     dynamic_mig: bool = False
     slice_layout: str = "auto"  # one of SLICE_LAYOUTS
+    device_order: str = "packing"  # one of agent.dra.order.DEVICE_ORDERS
     adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
     mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
     consumable_shares: str = "disabled"  # agent.dra.shares.parse_mode accepts it
@@ -337,6 +341,7 @@ def load_config(
         ),
         dynamic_mig=boolean(values["dynamic-mig"]),
         slice_layout=choice(values["slice-layout"], SLICE_LAYOUTS),
+        device_order=choice(values["device-order"], DEVICE_ORDERS),
         adopt_mig_instances=boolean(values["adopt-mig-instances"]),
         mig_mode_off_when_idle=boolean(values["mig-mode-off-when-idle"]),
         consumable_shares=shares_mode(values["consumable-shares"]),

@@ -24,6 +24,7 @@ from agent.dra import build_device_set, build_slices
 from agent.dra.devices import DeviceSet
 from agent.dra.model import DraDevice
 from agent.dra.names import parse_mig_device_name
+from agent.dra.order import DEVICE_ORDERS
 from agent.dra.partitionable import MEMORY_COUNTER, DynamicMig
 from agent.dra.quantity import format_quantity
 from agent.dra.slices import SLICE_LAYOUTS
@@ -84,6 +85,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "per GPU) or split (1.35+: counters-only slices, then device slices; default)",
     )
     parser.add_argument(
+        "--device-order",
+        choices=DEVICE_ORDERS,
+        default="packing",
+        help="the order devices are listed in, which first fit follows: packing (default) "
+        "or names (the incumbent's)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         choices=["table", "yaml", "json"],
@@ -112,6 +120,7 @@ async def run(args: argparse.Namespace) -> int:
             driver_name=args.driver_name,
             counter_sets=device_set.counter_sets,
             slice_layout=args.slice_layout,
+            device_order=args.device_order,
         )
     )
     out = sys.stdout

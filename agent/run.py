@@ -114,6 +114,14 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "1.34) or counters in a slice of their own (split, 1.35+); auto asks the API server "
         "[GPU_DRA_SLICE_LAYOUT] (default: auto)",
     )
+    add(
+        "--device-order",
+        metavar="packing|names",
+        help="the order devices are published in, which kube-scheduler's first fit follows: "
+        "packing lists MIG placements GPU by GPU, small profiles from the high placement "
+        "starts, and whole GPUs from the last GPU down; names sorts device names, as the "
+        "incumbent driver does [GPU_DRA_DEVICE_ORDER] (default: packing)",
+    )
     add_switch(
         parser,
         "adopt-mig-instances",

@@ -280,6 +280,7 @@ class Supervisor:
             driver_name=config.driver_name,
             node_uid=api.node_uid,
             slice_layout=api.slice_layout,
+            device_order=config.device_order,  # type: ignore[arg-type]  # checked by config
             request_timeout=config.api_timeout_s,
         )
         publisher.set_devices(devices, counter_sets)

@@ -13,16 +13,12 @@ counter set (a GPU's devices stay together, so a taint on one reshapes one slice
 that consume nothing are laid out as before, after them.
 The layout is a pure function of the devices: the same devices always give the same
 slices, in the same order, so the slice publisher can match what it wants against what the
-API server has by content and rewrite only what changed. :func:`slice_differences` is that
-comparison, tolerant of what the API server sets or re-serializes on its own.
+API server has by content and rewrite only what changed (:mod:`agent.dra.slice_diff`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
-from fractions import Fraction
-from itertools import pairwise
 from typing import Any, Literal
 
 from agent.dra import limits
@@ -34,12 +30,18 @@ from agent.dra.errors import (
 )
 from agent.dra.model import CounterSet, DraDevice
 from agent.dra.names import device_sort_key, validate_driver_name, validate_node_name
-from agent.dra.quantity import parse_quantity
+from agent.dra.order import DEVICE_ORDERS, DeviceOrder, is_mig_name
+from agent.dra.order import ordered as order_devices
+
+# The comparison of slices (the publisher's matching) lives in agent.dra.slice_diff; these
+# names are re-exported for the callers of this module.
+from agent.dra.slice_diff import content_names as content_names
+from agent.dra.slice_diff import device_names as device_names
+from agent.dra.slice_diff import slice_differences as slice_differences
+from agent.dra.slice_diff import slices_match as slices_match
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
-#: Tolerance for taint ``timeAdded``: the API server stores it at second precision.
-TIME_ADDED_TOLERANCE_S = 1.0
 
 #: How counter sets and the devices consuming them share slices: ``combined`` for 1.34,
 #: ``split`` for 1.35 and later (see the module docstring).
@@ -55,6 +57,22 @@ def layout_for_version(version: tuple[int, int] | None) -> SliceLayout:
     return "split"
 
 
+def slice_name_prefix(index: int, driver_name: str, node_name: str) -> str:
+    """The ``generateName`` of the pool's ``index``-th slice: ``<index, hex, 5+ digits>-
+    <driver>-<node>-``, as the Go resourceslice library names slices since 1.36. The 1.36
+    scheduler tries a pool's slices in name order, so the index makes that order the
+    layout's; it comes first because the API server cuts a long ``generateName`` short."""
+    return f"{index:05x}-{driver_name}-{node_name}-"
+
+
+def slice_index(name: str) -> int | None:
+    """The index a slice name starts with (:func:`slice_name_prefix`); None without one."""
+    head, dash, _ = name.partition("-")
+    if not dash or len(head) < 5 or any(c not in "0123456789abcdef" for c in head):
+        return None
+    return int(head, 16)
+
+
 def build_slices(
     devices: Iterable[DraDevice],
     *,
@@ -64,16 +82,19 @@ def build_slices(
     node_uid: str | None = None,
     counter_sets: Iterable[CounterSet] = (),
     slice_layout: SliceLayout = "split",
+    device_order: DeviceOrder = "packing",
 ) -> list[dict[str, Any]]:
     """Complete ResourceSlice objects for this node's pool, ready to create.
 
-    Devices are sorted by name and cut into runs of at most 128; a run holding a device
-    with taints or consumesCounters is halved, so no slice with such a device has more
-    than 64. Tainting one device therefore reshapes only its own run of 128. There is
-    always at least one slice: an empty pool is published as one slice without devices.
-    With ``node_uid`` the slices get the Node as controlling owner, so Kubernetes garbage
-    collects them with the Node, as the Go helper does. ``counter_sets`` and the devices
-    that consume them are laid out by ``slice_layout`` (:func:`pool_layout`).
+    Devices are listed in ``device_order`` (:mod:`agent.dra.order`) and cut into runs of at
+    most 128; a run holding a device with taints or consumesCounters is halved, so no slice
+    with such a device has more than 64. Tainting one device therefore reshapes only its own
+    run. There is always at least one slice: an empty pool is published as one slice without
+    devices. Each slice's ``generateName`` starts with its index (:func:`slice_name_prefix`),
+    so a 1.36 scheduler walks the slices in this order. With ``node_uid`` the slices get the
+    Node as controlling owner, so Kubernetes garbage collects them with the Node, as the Go
+    helper does. ``counter_sets`` and the devices that consume them are laid out by
+    ``slice_layout`` (:func:`pool_layout`).
     """
     validate_node_name(node_name)
     validate_driver_name(driver_name)
@@ -83,10 +104,10 @@ def build_slices(
         or not 0 <= generation < 2**63
     ):
         raise InvalidValueError(f"pool generation {generation!r} must be an int64 >= 0")
-    chunks = pool_layout(devices, counter_sets, slice_layout)
-    metadata: dict[str, Any] = {"generateName": f"{node_name}-{driver_name}-"}
+    chunks = pool_layout(devices, counter_sets, slice_layout, device_order)
+    owners: list[dict[str, Any]] = []
     if node_uid is not None:
-        metadata["ownerReferences"] = [
+        owners = [
             {
                 "apiVersion": "v1",
                 "kind": "Node",
@@ -95,15 +116,22 @@ def build_slices(
                 "controller": True,
             }
         ]
-    return [
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "metadata": {**metadata},
-            "spec": _spec(chunk, driver_name, node_name, generation, len(chunks)),
+    out = []
+    for index, chunk in enumerate(chunks):
+        metadata: dict[str, Any] = {
+            "generateName": slice_name_prefix(index, driver_name, node_name)
         }
-        for chunk in chunks
-    ]
+        if owners:
+            metadata["ownerReferences"] = [dict(owner) for owner in owners]
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": metadata,
+                "spec": _spec(chunk, driver_name, node_name, generation, len(chunks)),
+            }
+        )
+    return out
 
 
 def _spec(
@@ -141,8 +169,18 @@ def pool_layout(
     devices: Iterable[DraDevice],
     counter_sets: Iterable[CounterSet] = (),
     slice_layout: SliceLayout = "split",
+    device_order: DeviceOrder = "packing",
 ) -> list[SliceContent]:
     """Split devices and counter sets into slices (see :func:`build_slices`).
+
+    ``split``: the counters-only slices first, then the devices that consume counters, then
+    the others. In the ``names`` order each GPU's consumers are a run of their own (at most
+    64 a slice), GPU after GPU, as the incumbent lays them out. In the ``packing`` order
+    the MIG placements of consecutive GPUs share a slice (up to 64 devices, a GPU's run never
+    cut unless it alone is longer): Kubernetes 1.34 and 1.35 walk slices in no defined order
+    and only the order within a slice is kept, so the fewer slices, the more of the order
+    holds there; whole GPUs follow, in one run of their own (:mod:`agent.dra.order`).
+    ``combined`` (1.34): one slice per counter set with its consumers, in the device order.
 
     Raises :class:`DraModelError` naming the device or set when a device consumes a counter
     set or counter that is not published, and :class:`LimitExceededError` when a counter set
@@ -152,6 +190,10 @@ def pool_layout(
         raise InvalidValueError(
             f"slice layout {slice_layout!r} is not one of {', '.join(SLICE_LAYOUTS)}"
         )
+    if device_order not in DEVICE_ORDERS:
+        raise InvalidValueError(
+            f"device order {device_order!r} is not one of {', '.join(DEVICE_ORDERS)}"
+        )
     sets = sorted(counter_sets, key=lambda item: device_sort_key(item.name))
     by_name: dict[str, CounterSet] = {}
     for counter_set in sets:
@@ -160,33 +202,15 @@ def pool_layout(
                 f"counter set {counter_set.name!r} appears twice; names must be unique in a pool"
             )
         by_name[counter_set.name] = counter_set
-    ordered = _sorted_unique(devices)
+    ordered = _unique(order_devices(devices, device_order))
     consumers: dict[str, list[DraDevice]] = {name: [] for name in by_name}
     plain: list[DraDevice] = []
     for device in ordered:
         if not device.consumes_counters:
             plain.append(device)
             continue
-        for entry in device.consumes_counters:
-            published = by_name.get(entry.counter_set)
-            if published is None:
-                raise DraModelError(
-                    f"device {device.name!r} consumes counter set {entry.counter_set!r}, "
-                    "which is not published"
-                )
-            missing = sorted(set(entry.counters) - set(published.counters))
-            if missing:
-                raise DraModelError(
-                    f"device {device.name!r} consumes counters {missing} that counter set "
-                    f"{entry.counter_set!r} does not have"
-                )
-        if slice_layout == "combined" and len(device.consumes_counters) > 1:
-            raise LimitExceededError(
-                f"device {device.name!r} consumes from {len(device.consumes_counters)} counter "
-                "sets; the combined layout (Kubernetes 1.34) keeps one set per slice"
-            )
+        _check_consumption(device, by_name, slice_layout)
         consumers[device.consumes_counters[0].counter_set].append(device)
-    half = limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS
     out: list[SliceContent] = []
     if slice_layout == "combined":
         for counter_set in sets:
@@ -194,12 +218,65 @@ def pool_layout(
     else:
         step = limits.MAX_COUNTER_SETS_PER_SLICE
         out += [SliceContent(sets[i : i + step]) for i in range(0, len(sets), step)]
-        for counter_set in sets:
-            run = consumers[counter_set.name]
-            out += [SliceContent((), run[i : i + half]) for i in range(0, len(run), half)]
+        runs = [consumers[counter_set.name] for counter_set in sets]
+        if device_order == "packing":
+            out += _packing_runs(runs)
+        else:
+            out += [SliceContent((), chunk) for run in runs for chunk in _halves(run)]
     if plain or not out:
         out += [SliceContent((), chunk) for chunk in _chunks(plain)]
     return out
+
+
+def _check_consumption(
+    device: DraDevice, by_name: Mapping[str, CounterSet], slice_layout: SliceLayout
+) -> None:
+    for entry in device.consumes_counters:
+        published = by_name.get(entry.counter_set)
+        if published is None:
+            raise DraModelError(
+                f"device {device.name!r} consumes counter set {entry.counter_set!r}, "
+                "which is not published"
+            )
+        missing = sorted(set(entry.counters) - set(published.counters))
+        if missing:
+            raise DraModelError(
+                f"device {device.name!r} consumes counters {missing} that counter set "
+                f"{entry.counter_set!r} does not have"
+            )
+    if slice_layout == "combined" and len(device.consumes_counters) > 1:
+        raise LimitExceededError(
+            f"device {device.name!r} consumes from {len(device.consumes_counters)} counter "
+            "sets; the combined layout (Kubernetes 1.34) keeps one set per slice"
+        )
+
+
+def _packing_runs(runs: Sequence[Sequence[DraDevice]]) -> list[SliceContent]:
+    """The ``packing`` order's consumer slices: every GPU's MIG placements, consecutive
+    GPUs sharing a slice while they fit, then the whole GPUs (already in their order)."""
+    half = limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    migs = [[d for d in run if is_mig_name(d.name)] for run in runs]
+    whole = [d for d in order_devices((d for run in runs for d in run), "packing")]
+    whole = [d for d in whole if not is_mig_name(d.name)]
+    out: list[SliceContent] = []
+    current: list[DraDevice] = []
+    for run in migs:
+        if current and len(current) + len(run) > half:
+            out.append(SliceContent((), current))
+            current = []
+        if len(run) > half:
+            out += [SliceContent((), chunk) for chunk in _halves(run)]
+            continue
+        current += run
+    if current:
+        out.append(SliceContent((), current))
+    out += [SliceContent((), chunk) for chunk in _halves(whole)]
+    return out
+
+
+def _halves(run: Sequence[DraDevice]) -> list[list[DraDevice]]:
+    half = limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS
+    return [list(run[i : i + half]) for i in range(0, len(run), half)]
 
 
 def _combined_slice(counter_set: CounterSet, devices: Sequence[DraDevice]) -> SliceContent:
@@ -228,18 +305,21 @@ def _combined_slice(counter_set: CounterSet, devices: Sequence[DraDevice]) -> Sl
     return SliceContent((counter_set,), devices)
 
 
-def layout(devices: Iterable[DraDevice]) -> list[list[DraDevice]]:
+def layout(
+    devices: Iterable[DraDevice], device_order: DeviceOrder = "names"
+) -> list[list[DraDevice]]:
     """Split devices into slices (see :func:`build_slices`); never returns an empty list."""
-    return _chunks(_sorted_unique(devices))
+    return _chunks(_unique(order_devices(devices, device_order)))
 
 
-def _sorted_unique(devices: Iterable[DraDevice]) -> list[DraDevice]:
-    ordered = sorted(devices, key=lambda device: device_sort_key(device.name))
-    for previous, current in pairwise(ordered):
-        if previous.name == current.name:
+def _unique(ordered: list[DraDevice]) -> list[DraDevice]:
+    seen: set[str] = set()
+    for device in ordered:
+        if device.name in seen:
             raise DuplicateDeviceError(
-                f"device name {current.name!r} appears twice; names must be unique in a pool"
+                f"device name {device.name!r} appears twice; names must be unique in a pool"
             )
+        seen.add(device.name)
     return ordered
 
 
@@ -254,153 +334,3 @@ def _chunks(ordered: list[DraDevice]) -> list[list[DraDevice]]:
         else:
             chunks.append(run)
     return chunks or [[]]
-
-
-def device_names(resource_slice: Mapping[str, Any]) -> frozenset[str]:
-    """The names of the devices in a ResourceSlice object (desired or observed)."""
-    devices = (resource_slice.get("spec") or {}).get("devices") or []
-    return frozenset(str(device["name"]) for device in devices)
-
-
-def content_names(resource_slice: Mapping[str, Any]) -> frozenset[str]:
-    """What identifies a slice's content: its device names and its counter sets' names
-    (``counterSet/<name>``, which cannot clash with a device name), so counters-only slices
-    are told apart too."""
-    sets = (resource_slice.get("spec") or {}).get("sharedCounters") or []
-    names = {f"counterSet/{item.get('name')}" for item in sets if isinstance(item, Mapping)}
-    return device_names(resource_slice) | names
-
-
-def slice_differences(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> list[str]:
-    """Where the spec of an observed ResourceSlice differs from the desired one.
-
-    Returns dotted paths with both values, empty when they match. Metadata is ignored,
-    and so is what the API server sets or rewrites itself: empty maps and lists versus
-    missing ones, quantities in another spelling (``"1024Mi"`` vs ``"1Gi"``), an empty taint
-    value, a taint ``timeAdded`` we did not set, and one we set within ±1 s.
-    """
-    out: list[str] = []
-    _diff_spec(desired.get("spec") or {}, observed.get("spec") or {}, out)
-    return out
-
-
-def slices_match(desired: Mapping[str, Any], observed: Mapping[str, Any]) -> bool:
-    """Whether the observed slice already says what the desired one says."""
-    return not slice_differences(desired, observed)
-
-
-def _diff_spec(desired: Mapping[str, Any], observed: Mapping[str, Any], out: list[str]) -> None:
-    for key in sorted(set(desired) | set(observed)):
-        if key == "devices":
-            _diff_devices(desired.get(key) or [], observed.get(key) or [], out)
-        elif key == "sharedCounters":
-            _diff_counters("spec.sharedCounters", "name", desired.get(key), observed.get(key), out)
-        else:
-            _diff_plain(f"spec.{key}", desired.get(key), observed.get(key), out)
-
-
-def _diff_devices(desired: Sequence[Any], observed: Sequence[Any], out: list[str]) -> None:
-    wanted = {device["name"]: device for device in desired}
-    seen = {device.get("name"): device for device in observed}
-    for name in sorted(set(wanted) - set(seen), key=str):
-        out.append(f"spec.devices[{name}]: missing")
-    for name in sorted(set(seen) - set(wanted), key=str):
-        out.append(f"spec.devices[{name}]: unexpected")
-    for name in sorted(set(wanted) & set(seen), key=str):
-        mine, theirs, path = wanted[name], seen[name], f"spec.devices[{name}]"
-        for key in sorted(set(mine) | set(theirs)):
-            if key == "capacity":
-                _diff_capacity(f"{path}.capacity", mine.get(key) or {}, theirs.get(key) or {}, out)
-            elif key == "taints":
-                _diff_taints(f"{path}.taints", mine.get(key) or [], theirs.get(key) or [], out)
-            elif key == "consumesCounters":
-                _diff_counters(
-                    f"{path}.consumesCounters", "counterSet", mine.get(key), theirs.get(key), out
-                )
-            else:
-                _diff_plain(f"{path}.{key}", mine.get(key), theirs.get(key), out)
-
-
-def _diff_capacity(
-    path: str, desired: Mapping[str, Any], observed: Mapping[str, Any], out: list[str]
-) -> None:
-    for name in sorted(set(desired) | set(observed)):
-        mine, theirs = desired.get(name), observed.get(name)
-        if mine is None or theirs is None:
-            _diff_plain(f"{path}.{name}", mine, theirs, out)
-            continue
-        if _quantity(mine.get("value")) != _quantity(theirs.get("value")):
-            out.append(f"{path}.{name}.value: {mine.get('value')!r} != {theirs.get('value')!r}")
-        rest_mine = {k: v for k, v in mine.items() if k != "value"}
-        rest_theirs = {k: v for k, v in theirs.items() if k != "value"}
-        _diff_plain(f"{path}.{name}", rest_mine, rest_theirs, out)
-
-
-def _diff_counters(path: str, key: str, desired: Any, observed: Any, out: list[str]) -> None:
-    """Counter sets (``sharedCounters``) or consumptions (``consumesCounters``): the same
-    entries in the same order, each counter equal by value (quantity spellings differ)."""
-    mine, theirs = desired or [], observed or []
-    if not isinstance(mine, list) or not isinstance(theirs, list):
-        _diff_plain(path, mine, theirs, out)
-        return
-    if [e.get(key) for e in mine] != [e.get(key) if isinstance(e, Mapping) else e for e in theirs]:
-        _diff_plain(path, mine, theirs, out)
-        return
-    for want, have in zip(mine, theirs, strict=True):
-        here = f"{path}[{want.get(key)}]"
-        _diff_capacity(
-            f"{here}.counters", want.get("counters") or {}, have.get("counters") or {}, out
-        )
-        rest = sorted((set(want) | set(have)) - {key, "counters"})
-        for name in rest:
-            _diff_plain(f"{here}.{name}", want.get(name), have.get(name), out)
-
-
-def _diff_taints(
-    path: str, desired: Sequence[Any], observed: Sequence[Any], out: list[str]
-) -> None:
-    if len(desired) != len(observed):
-        out.append(f"{path}: {len(desired)} taints != {len(observed)}")
-        return
-    for index, (mine, theirs) in enumerate(zip(desired, observed, strict=True)):
-        here = f"{path}[{index}]"
-        for key in ("key", "value", "effect"):
-            _diff_plain(f"{here}.{key}", mine.get(key) or None, theirs.get(key) or None, out)
-        wanted_time = mine.get("timeAdded")
-        if wanted_time is not None and not _close_in_time(wanted_time, theirs.get("timeAdded")):
-            out.append(f"{here}.timeAdded: {wanted_time!r} != {theirs.get('timeAdded')!r}")
-        extra = sorted((set(mine) | set(theirs)) - {"key", "value", "effect", "timeAdded"})
-        for key in extra:
-            _diff_plain(f"{here}.{key}", mine.get(key), theirs.get(key), out)
-
-
-def _diff_plain(path: str, desired: Any, observed: Any, out: list[str]) -> None:
-    desired, observed = _absent_if_empty(desired), _absent_if_empty(observed)
-    if isinstance(desired, Mapping) and isinstance(observed, Mapping):
-        for key in sorted(set(desired) | set(observed), key=str):
-            _diff_plain(f"{path}.{key}", desired.get(key), observed.get(key), out)
-    elif isinstance(desired, list) and isinstance(observed, list) and len(desired) == len(observed):
-        for index, (mine, theirs) in enumerate(zip(desired, observed, strict=True)):
-            _diff_plain(f"{path}[{index}]", mine, theirs, out)
-    elif desired != observed or isinstance(desired, bool) != isinstance(observed, bool):
-        out.append(f"{path}: {desired!r} != {observed!r}")
-
-
-def _absent_if_empty(value: Any) -> Any:
-    return None if value is None or (isinstance(value, Mapping | list) and not value) else value
-
-
-def _quantity(value: Any) -> Fraction | str:
-    try:
-        return parse_quantity(value) if isinstance(value, str) else Fraction(value)
-    except (InvalidValueError, TypeError, ValueError):
-        return repr(value)  # unparsable: compare as text, so it shows up as a difference
-
-
-def _close_in_time(desired: Any, observed: Any) -> bool:
-    try:
-        wanted = datetime.fromisoformat(str(desired))
-        actual = datetime.fromisoformat(str(observed))
-        return abs((wanted - actual).total_seconds()) <= TIME_ADDED_TOLERANCE_S
-    except (TypeError, ValueError):
-        return bool(desired == observed)

@@ -10,7 +10,14 @@ one for that content.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from typing import Any
+
+from agent.dra.slice_diff import slice_differences
+from agent.kube.sliceplan import canonical
+
+log = logging.getLogger("agent.kube.publisher")
 
 #: Path fragments of slice_differences() and the gate guarding them.
 GATED_FIELDS: tuple[tuple[str, str], ...] = (
@@ -44,3 +51,31 @@ def describe(differences: list[str], gates: list[str]) -> str:
         f"the API server stored the ResourceSlice differently from what was written ({shown}); "
         "an admission webhook or policy may be rewriting it. The agent keeps the stored version."
     )
+
+
+class StoredVersions:
+    """The stored versions accepted as matching what was written, by slice name (the
+    publisher's plan counts them as matches), with one warning per set of gates."""
+
+    def __init__(self) -> None:
+        #: slice name -> (what was written, what the server stored), both canonical
+        self.accepted: dict[str, tuple[str, str]] = {}
+        self._warned: set[str] = set()
+
+    def forget(self, name: str) -> None:
+        self.accepted.pop(name, None)
+
+    def check(self, written: dict[str, Any], stored: dict[str, Any]) -> None:
+        """Accept what the server stored when it differs from what was written."""
+        name = str((stored.get("metadata") or {}).get("name", ""))
+        same = written.get("spec") == stored.get("spec")  # the usual case, and cheap
+        differences = [] if same else slice_differences(written, stored)
+        if not differences:
+            self.accepted.pop(name, None)
+            return
+        self.accepted[name] = (canonical(written.get("spec")), canonical(stored.get("spec")))
+        gates = probable_gates(differences)
+        key = ",".join(gates) or "other"
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning("ResourceSlice %s: %s", name, describe(differences, gates))

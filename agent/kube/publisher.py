@@ -32,12 +32,13 @@ from opentelemetry.trace import SpanKind
 
 from agent.crash import crash_point
 from agent.dra.model import CounterSet, DraDevice
-from agent.dra.slices import SliceLayout, build_slices, pool_layout, slice_differences
+from agent.dra.order import DeviceOrder
+from agent.dra.slices import SliceLayout, build_slices, pool_layout
 from agent.kube.backoff import Backoff, is_transient, retry_after
-from agent.kube.dropped import describe, probable_gates
+from agent.kube.dropped import StoredVersions
 from agent.kube.nodewatch import NodeWatcher
 from agent.kube.rawapi import ApiStatusError, RawSliceApi
-from agent.kube.sliceplan import SlicePlan, canonical, plan_pool
+from agent.kube.sliceplan import SlicePlan, plan_pool
 from agent.kube.slicewatch import SliceWatcher, resource_version
 from agent.telemetry.metrics import SLICE_PUBLISH_ERRORS, SLICE_WRITES, add, slice_writes_at_zero
 from agent.telemetry.tracing import current_causes, link_to, tracer
@@ -74,7 +75,8 @@ class SlicePublisher:
     together, so it is short). ``resync_interval`` is the slow periodic re-list; failed passes
     are retried after ``retry_initial`` doubling up to ``retry_max`` seconds, jittered.
     ``slice_layout`` places counter sets (``--dynamic-mig``): ``combined`` for a 1.34 API
-    server, ``split`` for 1.35+ (:mod:`agent.dra.slices`).
+    server, ``split`` for 1.35+ (:mod:`agent.dra.slices`). ``device_order`` is the order the
+    devices are listed in, which kube-scheduler's first fit follows (:mod:`agent.dra.order`).
     """
 
     def __init__(
@@ -92,11 +94,19 @@ class SlicePublisher:
         retry_max: float = 4.0,
         watch_timeout: int = 240,
         slice_layout: SliceLayout = "split",
+        device_order: DeviceOrder = "packing",
     ) -> None:
-        # validates the names and the layout
-        build_slices((), node_name=node_name, driver_name=driver_name, slice_layout=slice_layout)
+        # validates the names, the layout and the order
+        build_slices(
+            (),
+            node_name=node_name,
+            driver_name=driver_name,
+            slice_layout=slice_layout,
+            device_order=device_order,
+        )
         self.node_name = node_name
         self.slice_layout: SliceLayout = slice_layout
+        self.device_order: DeviceOrder = device_order
         self.driver_name = driver_name
         slice_writes_at_zero(driver_name)
         self.field_selector = f"spec.nodeName={node_name},spec.driver={driver_name}"
@@ -131,8 +141,7 @@ class SlicePublisher:
         self._converged = False
         self._changed: anyio.Event | None = None
         self._generation_floor = 0
-        self._accepted: dict[str, tuple[str, str]] = {}
-        self._warned: set[str] = set()
+        self._stored = StoredVersions()  # what the server dropped, accepted (kube/dropped)
         self._causes: list[trace.Link] = []  # span links of the next publish
 
     # -- public API ------------------------------------------------------------------------
@@ -148,7 +157,7 @@ class SlicePublisher:
         happen in :meth:`run`, merged with other calls of the same burst.
         """
         chosen, sets = tuple(devices), tuple(counter_sets)
-        pool_layout(chosen, sets, self.slice_layout)
+        pool_layout(chosen, sets, self.slice_layout, self.device_order)
         self._devices, self._counter_sets = chosen, sets
         self._causes = link_to([*self._causes, *current_causes()])[-32:]
         self._trigger(self._coalesce_window)
@@ -258,13 +267,14 @@ class SlicePublisher:
             node_uid=self._node_uid,
             counter_sets=self._counter_sets,
             slice_layout=self.slice_layout,
+            device_order=self.device_order,
         )
         plan = plan_pool(
             desired,
             self._watcher.cache.snapshot(),
             pool_name=self.node_name,
             generation_floor=self._generation_floor,
-            accepted=self._accepted,
+            accepted=self._stored.accepted,
         )
         if plan.empty:
             self.stats.generation = max(self.stats.generation, plan.generation)
@@ -320,7 +330,7 @@ class SlicePublisher:
     async def _create(self, body: Obj) -> None:
         stored = await self._api.create(body)
         self._count("create")
-        self._check_stored(body, stored)
+        self._stored.check(body, stored)
         self._watcher.cache.apply("ADDED", stored)
 
     async def _update(self, body: Obj, have: Obj) -> None:
@@ -332,7 +342,7 @@ class SlicePublisher:
                 await self._refresh(name)
             raise
         self._count("update")
-        self._check_stored(body, stored)
+        self._stored.check(body, stored)
         self._watcher.cache.apply("MODIFIED", stored)
 
     async def _delete(self, obj: Obj) -> None:
@@ -352,7 +362,7 @@ class SlicePublisher:
                 await self._refresh(name)
             raise
         self._count("delete")
-        self._accepted.pop(name, None)
+        self._stored.forget(name)
         self._watcher.cache.forget(name, resource_version(obj))
 
     async def _refresh(self, name: str) -> None:
@@ -375,21 +385,6 @@ class SlicePublisher:
             self.stats.updates += 1
         else:
             self.stats.deletes += 1
-
-    def _check_stored(self, written: Obj, stored: Obj) -> None:
-        """Accept what the server stored when it differs from what was written."""
-        name = str((stored.get("metadata") or {}).get("name", ""))
-        same = written.get("spec") == stored.get("spec")  # the usual case, and cheap
-        differences = [] if same else slice_differences(written, stored)
-        if not differences:
-            self._accepted.pop(name, None)
-            return
-        self._accepted[name] = (canonical(written.get("spec")), canonical(stored.get("spec")))
-        gates = probable_gates(differences)
-        key = ",".join(gates) or "other"
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning("ResourceSlice %s: %s", name, describe(differences, gates))
 
 
 def _write_span(verb: str, obj: Obj) -> Any:

@@ -18,6 +18,10 @@ spends them without need:
   deleted and created again;
 * slices an interrupted rewrite left at an older generation are rewritten at the current
   one, not deleted and created again.
+
+A slice is only ever paired with a desired one whose ``generateName`` its name starts with:
+the name carries the slice's place in the pool (1.36 sorts slices by name), so slices named
+otherwise (random names before the index prefix, an index now wrong) are replaced once.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from typing import Any
 from agent.dra.slices import content_names, slices_match
 
 Obj = dict[str, Any]
+#: kube-apiserver cuts a longer ``generateName`` to this many characters (then adds 5).
+MAX_GENERATED_PREFIX = 58
 
 
 @dataclass
@@ -97,10 +103,15 @@ def plan_pool(
     )
     pairs.extend(older)
     leftover_observed = leftover_live + leftover_stale
-    for want, have in zip(leftover_desired, leftover_observed, strict=False):
-        pairs.append((want, have))
-    creates = leftover_desired[len(leftover_observed) :]
-    extra = leftover_observed[len(leftover_desired) :]
+    creates: list[Obj] = []
+    for want in leftover_desired:
+        have = next((obj for obj in leftover_observed if _named_for(want, obj)), None)
+        if have is None:
+            creates.append(want)
+        else:
+            leftover_observed.remove(have)
+            pairs.append((want, have))
+    extra = leftover_observed
     deletes.extend(extra)
 
     if current is not None and current >= generation_floor:
@@ -144,15 +155,24 @@ def _match(
     pairs: list[tuple[Obj, Obj]] = []
     leftover_desired: list[Obj] = []
     for want in desired:
-        candidates = by_names.get(content_names(want)) or []
+        candidates = [c for c in by_names.get(content_names(want)) or [] if _named_for(want, c)]
         if not candidates:
             leftover_desired.append(want)
             continue
         best = next((c for c in candidates if _same(want, c, generation, accepted)), candidates[0])
-        candidates.remove(best)
+        by_names[content_names(want)].remove(best)
         pairs.append((want, best))
     leftover_observed = sorted((obj for rest in by_names.values() for obj in rest), key=_sort_key)
     return pairs, leftover_desired, leftover_observed
+
+
+def _named_for(want: Obj, have: Obj) -> bool:
+    """Whether ``have``'s name is one ``want`` could have been created with: it starts with
+    ``want``'s ``generateName`` (as the API server cuts it). Slice names carry the slice's
+    index, which orders the pool's slices on 1.36 (:func:`agent.dra.slices.slice_name_prefix`),
+    and a name cannot be changed: a slice named for another place is replaced."""
+    prefix = (want.get("metadata") or {}).get("generateName")
+    return not prefix or _name(have).startswith(prefix[:MAX_GENERATED_PREFIX])
 
 
 def _same(want: Obj, have: Obj, generation: int, accepted: Mapping[str, tuple[str, str]]) -> bool:

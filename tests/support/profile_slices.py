@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 
 from agent.dra import build_device_set, build_slices
+from agent.dra.order import DeviceOrder
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import SharesMode
 from agent.dra.slices import SliceLayout
@@ -35,6 +36,7 @@ def _slices(
     dynamic_mig: DynamicMig | None,
     slice_layout: SliceLayout,
     shares: SharesMode | None,
+    device_order: DeviceOrder,
 ) -> tuple[dict[str, Any], ...]:
     device_set = build_device_set(
         profile_inventory(profile), dynamic_mig=dynamic_mig, shares=shares
@@ -45,9 +47,10 @@ def _slices(
         driver_name=DRIVER,
         counter_sets=device_set.counter_sets,
         slice_layout=slice_layout,
+        device_order=device_order,
     )
-    for index, item in enumerate(slices):
-        item["metadata"]["name"] = f"{node}-{DRIVER}-{index}"
+    for item in slices:  # named as the API server names them: the prefix, then 5 characters
+        item["metadata"]["name"] = item["metadata"]["generateName"] + "zzzzz"
     return tuple(slices)
 
 
@@ -58,8 +61,11 @@ def profile_slices(
     dynamic_mig: DynamicMig | None = None,
     slice_layout: SliceLayout = "split",
     shares: SharesMode | None = None,
+    device_order: DeviceOrder = "packing",
 ) -> list[dict[str, Any]]:
     """A fresh copy each call: tests may edit them (taints, counters). ``dynamic_mig``
     publishes as ``--dynamic-mig`` does, laid out by ``slice_layout``; ``shares`` as
     ``--consumable-shares``."""
-    return copy.deepcopy(list(_slices(profile, node, dynamic_mig, slice_layout, shares)))
+    return copy.deepcopy(
+        list(_slices(profile, node, dynamic_mig, slice_layout, shares, device_order))
+    )

@@ -26,7 +26,7 @@ async def test_a_fitting_claim_shows_the_allocation() -> None:
     code, out, _ = await explain(str(FOUR_H100), "--simulate", "dgx-h100", "--node", "n1")
     assert code == 0
     assert out.startswith("claim default/four-h100-one-numa-node on node n1: FITS")
-    assert "0: gpu-0, gpu-1, gpu-2, gpu-3; 1: gpu-4, gpu-5, gpu-6, gpu-7" in out
+    assert "1: gpu-7, gpu-6, gpu-5, gpu-4; 0: gpu-3, gpu-2, gpu-1, gpu-0" in out
     code, text, _ = await explain(
         str(FOUR_H100), "--simulate", "dgx-h100", "--node", "n1", "-o", "json"
     )
@@ -34,7 +34,7 @@ async def test_a_fitting_claim_shows_the_allocation() -> None:
     assert code == 0 and report["fits"] is True
     assert report["allocation"]["devices"]["results"] == [
         {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": f"gpu-{i}"}
-        for i in range(4)
+        for i in range(7, 3, -1)
     ]
     assert report["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
         "values"
@@ -105,7 +105,7 @@ async def test_both_machine_formats_for_a_fitting_and_a_non_fitting_claim() -> N
     as_yaml = yaml.safe_load(text)
     assert code == 0 and as_yaml["fits"] is True
     assert [r["device"] for r in as_yaml["allocation"]["devices"]["results"]] == [
-        f"gpu-{i}" for i in range(4)
+        f"gpu-{i}" for i in range(7, 3, -1)
     ]
     assert as_yaml == json.loads((await explain(*fits, "-o", "json"))[1])
     misfit = [str(FOUR_H100), "--simulate", "gb200-nvl72-tray"]

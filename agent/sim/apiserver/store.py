@@ -24,6 +24,8 @@ from agent.sim.apiserver.selectors import Selector
 
 Obj = dict[str, Any]
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # the apiserver's: no vowels, no look-alikes
+#: kube-apiserver cuts a longer ``generateName`` to this many characters, then adds 5.
+MAX_GENERATED_PREFIX = 58
 _SERVER_FIELDS = ("uid", "creationTimestamp", "resourceVersion", "generation", "deletionTimestamp")
 
 
@@ -97,6 +99,7 @@ class ObjectStore:
                 raise kind.invalid(
                     None, "metadata.name: Required value: name or generateName is required"
                 )
+            prefix = prefix[:MAX_GENERATED_PREFIX]  # as kube-apiserver cuts it
             for _ in range(10):
                 meta["name"] = prefix + "".join(secrets.choice(_NAME_ALPHABET) for _ in range(5))
                 if (meta.get("namespace", ""), meta["name"]) not in self._objects[kind.key]:

@@ -444,16 +444,41 @@ def test_combined_layout_is_one_slice_per_gpu() -> None:
 
 
 def test_split_layout_counters_first_at_most_eight_sets_per_slice() -> None:
-    slices = profile_slices("big-mig-host", dynamic_mig=ADOPT, slice_layout="split")
+    slices = profile_slices(
+        "big-mig-host", dynamic_mig=ADOPT, slice_layout="split", device_order="names"
+    )
     counters_only = [s for s in slices if s["spec"].get("sharedCounters")]
     assert [len(s["spec"]["sharedCounters"]) for s in counters_only] == [8, 8, 8]
     assert all("devices" not in s["spec"] for s in counters_only)
     assert slices[:3] == counters_only
     device_slices = slices[3:]
-    assert len(device_slices) == 24  # one per GPU: a taint reshapes one slice
+    assert len(device_slices) == 24  # names: one per GPU, as the incumbent lays them out
     for item in device_slices:
         sets = {d["consumesCounters"][0]["counterSet"] for d in item["spec"]["devices"]}
         assert len(sets) == 1
+
+
+def test_split_layout_in_the_packing_order() -> None:
+    """Counters first; then the MIG placements, consecutive GPUs sharing a slice up to 64
+    devices and no GPU's run cut; the whole GPUs last, from the highest minor down."""
+    slices = profile_slices("dgx-h100", dynamic_mig=ADOPT, slice_layout="split")
+    assert slices[0]["spec"].get("sharedCounters") and "devices" not in slices[0]["spec"]
+    device_lists = [[d["name"] for d in s["spec"]["devices"]] for s in slices[1:]]
+    assert device_lists[-1] == [f"gpu-{minor}" for minor in range(7, -1, -1)]
+    mig_runs = device_lists[:-1]
+    assert all(len(run) <= 64 for run in mig_runs)
+    parents = [[int(name.split("-")[1]) for name in run] for run in mig_runs]
+    assert [p for run in parents for p in run] == sorted(p for run in parents for p in run)
+    assert len(mig_runs) < 8  # fewer slices than GPUs: more of the order within a slice
+    first_gpu = [name for name in mig_runs[0] if name.startswith("gpu-0-")]
+    assert first_gpu[:3] == [
+        "gpu-0-mig-1g10gb-19-6",
+        "gpu-0-mig-1g10gb-19-5",
+        "gpu-0-mig-1g10gb-19-4",
+    ]
+    assert first_gpu[-1] == "gpu-0-mig-7g80gb-0-0"
+    names = [s["metadata"]["name"] for s in slices]
+    assert names == sorted(names)  # 1.36 sorts slices by name: the index prefix keeps this order
 
 
 def test_combined_layout_limits_are_enforced() -> None:
@@ -504,8 +529,13 @@ def test_counter_model_validation() -> None:
 
 
 def test_slice_comparison_of_counters() -> None:
-    (desired, *_) = profile_slices("dgx-h100", dynamic_mig=DYNAMIC, slice_layout="combined")
-    stored = profile_slices("dgx-h100", dynamic_mig=DYNAMIC, slice_layout="combined")[0]
+    def slices() -> list[Obj]:  # the names order: the full GPU first in its slice
+        return profile_slices(
+            "dgx-h100", dynamic_mig=DYNAMIC, slice_layout="combined", device_order="names"
+        )
+
+    (desired, *_) = slices()
+    stored = slices()[0]
     counters = stored["spec"]["sharedCounters"][0]["counters"]
     counters["memory"]["value"] = str(80896 * 2**20)  # the server may respell a quantity
     stored["spec"]["devices"][0]["consumesCounters"][0]["counters"]["memory"]["value"] = (
@@ -525,9 +555,10 @@ def test_counters_only_slices_are_matched_by_their_sets() -> None:
     desired = profile_slices("big-mig-host", dynamic_mig=ADOPT)
     observed = {}
     for index, item in enumerate(reversed(desired)):
-        copy = {**item, "metadata": {"name": f"s-{index}", "uid": f"u-{index}"}}
+        name = item["metadata"]["generateName"] + f"s{index:04d}"  # as the server names it
+        copy = {**item, "metadata": {"name": name, "uid": f"u-{index}"}}
         copy["spec"] = {**item["spec"], "pool": {**item["spec"]["pool"], "generation": 3}}
-        observed[f"s-{index}"] = copy
+        observed[name] = copy
     plan = plan_pool(desired, observed, pool_name=NODE)
     assert plan.empty and plan.generation == 3
 

@@ -32,11 +32,13 @@ def test_slice_object_shape() -> None:
     )
     assert only["apiVersion"] == "resource.k8s.io/v1"
     assert only["kind"] == "ResourceSlice"
-    assert only["metadata"] == {"generateName": "node-a-gpu.nvidia.com-"}
+    # the index first (1.36 sorts slices by name), as the Go resourceslice library names them
+    assert only["metadata"] == {"generateName": "00000-gpu.nvidia.com-node-a-"}
     assert only["spec"]["driver"] == DRIVER
     assert only["spec"]["nodeName"] == NODE
     assert only["spec"]["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 1}
-    assert [device["name"] for device in only["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+    # whole GPUs from the last one down (the packing order, agent.dra.order)
+    assert [device["name"] for device in only["spec"]["devices"]] == ["gpu-1", "gpu-0"]
     assert set(only["spec"]) == {"driver", "nodeName", "pool", "devices"}
 
 
@@ -128,7 +130,7 @@ def tainted_slice(time_added: str | None = None) -> dict[str, Any]:
         None if time_added is None else __import__("datetime").datetime.fromisoformat(time_added)
     )
     devices[1] = devices[1].with_taints((DeviceTaint("unhealthy", time_added=moment),))
-    (only,) = build_slices(devices, node_name=NODE, driver_name=DRIVER)
+    (only,) = build_slices(devices, node_name=NODE, driver_name=DRIVER, device_order="names")
     return only
 
 

@@ -42,9 +42,10 @@ async def test_first_publish_of_each_profile(
         assert pool_problems(apiserver, devices) == []
     slices = stored(apiserver)
     node_uid = apiserver.get_object("nodes", NODE)["metadata"]["uid"]  # type: ignore[index]
-    for obj in slices:
+    by_name = sorted(slices, key=lambda obj: obj["metadata"]["name"])
+    for index, obj in enumerate(by_name):  # the index first: 1.36 sorts slices by name
         meta = obj["metadata"]
-        assert meta["name"].startswith(f"{NODE}-gpu.nvidia.com-")
+        assert meta["name"].startswith(f"{index:05x}-gpu.nvidia.com-{NODE}-")
         assert meta["ownerReferences"] == [
             {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node_uid, "controller": True}
         ]

@@ -30,7 +30,8 @@ def stored(objects: list[dict[str, Any]], generation: int) -> dict[str, dict[str
     out = {}
     for obj in objects:
         copied = copy.deepcopy(obj)
-        name = f"slice-{next(_names)}"
+        # as the API server names it: the generateName (the slice's index first), then 5
+        name = copied["metadata"].get("generateName", "slice-") + f"{next(_names):05d}"
         copied["metadata"] = {
             **copied["metadata"],
             "name": name,
@@ -225,3 +226,31 @@ def test_one_plan_always_reaches_the_desired_pool(
     )
     assert names == sorted(d.name for d in devices(after))
     assert result.generation >= floor
+
+
+def test_slices_named_otherwise_are_replaced_once() -> None:
+    """Slice names carry the slice's index (1.36 sorts slices by name): slices an earlier
+    version created with random names, or with another slice's index, are replaced by a
+    rewrite at a new generation, once; then the pool needs nothing."""
+    legacy = {}
+    for index, obj in enumerate(stored(desired(200), 4).values()):
+        name = f"{NODE}-{DRIVER}-old{index}"
+        legacy[name] = {**obj, "metadata": {**obj["metadata"], "name": name, "uid": name}}
+    result = plan(desired(200), legacy)
+    assert result.generation == 5
+    assert sorted(o["metadata"]["name"] for o in result.deletes) == sorted(legacy)
+    assert len(result.creates) == 2 and result.updates == []
+    after = apply(legacy, result)
+    assert plan(desired(200), after).empty
+    names = sorted(after)
+    assert [after[n]["spec"]["devices"][0]["name"] for n in names] == ["gpu-199", "gpu-71"]
+
+    swapped = stored(desired(200), 4)
+    first, second = sorted(swapped)
+    swapped[first]["spec"], swapped[second]["spec"] = (
+        swapped[second]["spec"],
+        swapped[first]["spec"],
+    )
+    result = plan(desired(200), swapped)  # each name keeps its index: rewritten in place
+    assert (len(result.updates), result.creates, result.deletes) == (2, [], [])
+    assert plan(desired(200), apply(swapped, result)).empty
