@@ -119,7 +119,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         metavar="packing|names",
         help="the order devices are published in, which kube-scheduler's first fit follows: "
         "packing lists MIG placements GPU by GPU, small profiles from the high placement "
-        "starts, and whole GPUs from the last GPU down; names sorts device names, as the "
+        "starts, then whole GPUs; names sorts device names (smallest start first), as the "
         "incumbent driver does [GPU_DRA_DEVICE_ORDER] (default: packing)",
     )
     add_switch(

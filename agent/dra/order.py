@@ -18,9 +18,13 @@ empty H100 then takes memory slice 0, which blocks 4g.40gb@0, 3g.40gb@0, 2g.20gb
   that any size satisfies always gets the largest), and each profile's placements from the
   *highest* start down: small instances come from the edge of the free region, and 4g@0
   (half the GPU) stays free for as long as anything smaller fits beside it;
-* whole GPUs last, from the *highest* minor down: whole-GPU (and multi-GPU) claims take GPUs
-  from the other end than MIG claims, so the two meet in the middle instead of a whole-GPU
-  claim taking the GPU the next MIG claim would have filled.
+* whole GPUs after them, from the lowest minor up, as in the names order.
+
+Whole GPUs from the other end (the highest minor down, so that MIG and whole-GPU claims meet
+in the middle) was tried with ``sim packing`` and lost: on the seed's mix it left 1.5 points
+more of the cluster unallocated under LeastAllocated, as 1-GPU claims from one end and MIG
+claims from the other dirtied both NUMA nodes of a DGX and 4-GPU claims that want one NUMA
+node found none (docs/PERFORMANCE.md, "Packing", has the numbers of each order tried).
 
 The names stay the incumbent's, so claims written for it keep working; only the order of the
 lists changes. Which slices hold which runs, and how the slices are named so that 1.36 sorts
@@ -69,13 +73,13 @@ def _mig_key(name: str) -> tuple[int, int, int, bool, int, str]:
 
 def packing_key(name: str) -> tuple[int, tuple[object, ...]]:
     """Sort key of the ``packing`` order: MIG devices (GPU ascending, smaller profiles
-    first, placements from the highest start down), then whole GPUs (minor descending),
+    first, placements from the highest start down), then whole GPUs (minor ascending),
     then anything else in name order."""
     if is_mig_name(name):
         return 0, _mig_key(name)
     minor = gpu_minor(name)
     if minor is not None:
-        return 1, (-minor,)
+        return 1, (minor,)
     return 2, device_sort_key(name)
 
 

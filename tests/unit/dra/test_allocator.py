@@ -410,26 +410,23 @@ H100 = "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA H100 80GB HBM
 
 
 def test_seed_style_match_attribute_on_the_seed_profiles() -> None:
-    # dgx-h100: two sockets of four GPUs, one NVLink domain; the packing order lists whole
-    # GPUs from the last one down (agent.dra.order), so first fit starts at gpu-7
+    # dgx-h100: two sockets of four GPUs, one NVLink domain
     assert on_profile("dgx-h100", seed_claim(4, [NUMA_ATTR, NVLINK], H100))[0] == [
-        f"gpu-{i}" for i in range(7, 3, -1)
+        f"gpu-{i}" for i in range(4)
     ]
-    taken = on_profile("dgx-h100", seed_claim(4, [NUMA_ATTR], H100), [holding("gpu-7")])
-    assert taken[0] == ["gpu-3", "gpu-2", "gpu-1", "gpu-0"]  # socket 1 has 3 left
+    taken = on_profile("dgx-h100", seed_claim(4, [NUMA_ATTR], H100), [holding("gpu-0")])
+    assert taken[0] == ["gpu-4", "gpu-5", "gpu-6", "gpu-7"]  # socket 0 has 3 left
     picked, reasons = on_profile("dgx-h100", seed_claim(5, [NUMA_ATTR]))
     assert picked is None and "at most 4 of them share" in " ".join(reasons)
-    assert on_profile("dgx-h100", seed_claim(8, [NVLINK]))[0] == [
-        f"gpu-{i}" for i in range(7, -1, -1)
-    ]
+    assert on_profile("dgx-h100", seed_claim(8, [NVLINK]))[0] == [f"gpu-{i}" for i in range(8)]
     # h200-nvl-bridged: NVLink bridges pair GPUs 0-1 and 2-3
-    assert on_profile("h200-nvl-bridged", seed_claim(2, [NVLINK]))[0] == ["gpu-3", "gpu-2"]
-    bridged = on_profile("h200-nvl-bridged", seed_claim(2, [NVLINK]), [holding("gpu-2")])
-    assert bridged[0] == ["gpu-1", "gpu-0"]
+    assert on_profile("h200-nvl-bridged", seed_claim(2, [NVLINK]))[0] == ["gpu-0", "gpu-1"]
+    bridged = on_profile("h200-nvl-bridged", seed_claim(2, [NVLINK]), [holding("gpu-1")])
+    assert bridged[0] == ["gpu-2", "gpu-3"]
     assert on_profile("h200-nvl-bridged", seed_claim(3, [NVLINK]))[0] is None
     # gb200-nvl72-tray: the tray's four GPUs share one fabric clique
     assert on_profile("gb200-nvl72-tray", seed_claim(4, [CLIQUE, NVLINK]))[0] == [
-        f"gpu-{i}" for i in range(3, -1, -1)
+        f"gpu-{i}" for i in range(4)
     ]
     assert on_profile("gb200-nvl72-tray", seed_claim(3, [NUMA_ATTR]))[0] is None  # 2 per socket
     # dgx-a100 (MIG): seven 1g.10gb of one parent GPU, not eight, from the highest start down

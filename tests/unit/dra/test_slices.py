@@ -37,8 +37,7 @@ def test_slice_object_shape() -> None:
     assert only["spec"]["driver"] == DRIVER
     assert only["spec"]["nodeName"] == NODE
     assert only["spec"]["pool"] == {"name": NODE, "generation": 3, "resourceSliceCount": 1}
-    # whole GPUs from the last one down (the packing order, agent.dra.order)
-    assert [device["name"] for device in only["spec"]["devices"]] == ["gpu-1", "gpu-0"]
+    assert [device["name"] for device in only["spec"]["devices"]] == ["gpu-0", "gpu-1"]
     assert set(only["spec"]) == {"driver", "nodeName", "pool", "devices"}
 
 

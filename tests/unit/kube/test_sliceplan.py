@@ -243,7 +243,7 @@ def test_slices_named_otherwise_are_replaced_once() -> None:
     after = apply(legacy, result)
     assert plan(desired(200), after).empty
     names = sorted(after)
-    assert [after[n]["spec"]["devices"][0]["name"] for n in names] == ["gpu-199", "gpu-71"]
+    assert [after[n]["spec"]["devices"][0]["name"] for n in names] == ["gpu-0", "gpu-128"]
 
     swapped = stored(desired(200), 4)
     first, second = sorted(swapped)

@@ -69,11 +69,9 @@ async def test_claims_are_allocated_like_the_scheduler_over_http(
     )
     stored = cluster.get_object("resourceclaims", "four", "default")
     assert stored is not None and stored["status"] == four["status"]
-    # whole GPUs from the last one down (the packing order): one takes gpu-7, so the first
-    # NUMA node with four free GPUs is node 0
-    assert [r["device"] for r in one["status"]["allocation"]["devices"]["results"]] == ["gpu-7"]
+    assert [r["device"] for r in one["status"]["allocation"]["devices"]["results"]] == ["gpu-0"]
     assert [r["device"] for r in four["status"]["allocation"]["devices"]["results"]] == [
-        f"gpu-{i}" for i in range(3, -1, -1)
+        f"gpu-{i}" for i in range(4, 8)
     ]
     assert four["status"]["reservedFor"][0]["name"] == "four-pod"
     with pytest.raises(
@@ -114,8 +112,8 @@ async def test_sim_allocate_and_explain_commands(
     result = await anyio.run_process([*command, str(claims)], check=False)
     out = result.stdout.decode()
     assert result.returncode == 0, result.stderr.decode()
-    assert "default/a: gpus=gpu-7, gpus=gpu-6, gpus=gpu-5" in out
-    assert "default/b: gpus=gpu-3, gpus=gpu-2, gpus=gpu-1, gpus=gpu-0" in out
+    assert "default/a: gpus=gpu-0, gpus=gpu-1, gpus=gpu-2" in out
+    assert "default/b: gpus=gpu-4, gpus=gpu-5, gpus=gpu-6, gpus=gpu-7" in out
     cluster.put_object(claim_from_request("c", gpus("gpus", 2)))
     result = await anyio.run_process([*command, "default/c"], check=False)
     assert (
@@ -137,9 +135,9 @@ async def test_sim_allocate_and_explain_commands(
     result = await anyio.run_process(explain, check=False)
     out = result.stdout.decode()
     assert result.returncode == 0, out + result.stderr.decode()
-    assert "gpu-7   in use     allocated to default/a" in out
-    assert "gpu: gpu.nvidia.com/node-a/gpu-4" in out
+    assert "gpu-0   in use     allocated to default/a" in out
+    assert "gpu: gpu.nvidia.com/node-a/gpu-3" in out
     result = await anyio.run_process([*explain, "--all"], check=False)
     out = result.stdout.decode()
-    assert "gpu-7   in use     class:yes; request:yes  allocated to default/a" in out
-    assert "device: gpu-4" in out
+    assert "gpu-0   in use     class:yes; request:yes  allocated to default/a" in out
+    assert "device: gpu-3" in out

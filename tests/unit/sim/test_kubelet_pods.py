@@ -83,10 +83,10 @@ async def test_pod_claims_are_allocated_by_the_allocator_then_prepared_in_one_ca
             pod, [claim_from_request("four", gpus(4), constraints=NUMA), "stored"]
         )
         four, one = started.claims
-        # the scheduler's choice: the first NUMA node with 4 free H100s in the published
-        # order (whole GPUs from the last one down); the stored claim sees those 4 taken
-        assert devices(four) == ["gpu-7", "gpu-6", "gpu-5", "gpu-4"]
-        assert devices(one) == ["gpu-3"]
+        # the scheduler's choice: the first NUMA node with 4 free H100s; the stored claim
+        # sees those 4 taken
+        assert devices(four) == ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]
+        assert devices(one) == ["gpu-4"]
         for claim in (four, one):
             assert claim["status"]["reservedFor"] == [pod.to_reference()]
             selector = claim["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
@@ -101,7 +101,7 @@ async def test_pod_claims_are_allocated_by_the_allocator_then_prepared_in_one_ca
         assert started.cdi_device_ids()["four"] == [
             f"k8s.gpu.nvidia.com/gpu={four['metadata']['uid']}-gpu-0"
         ]
-        assert "allocated to ['gpu.nvidia.com/node-a/gpu-7'" in (
+        assert "allocated to ['gpu.nvidia.com/node-a/gpu-0'" in (
             kubelet.events(EventKind.POD_ADMITTED)[0].message
         )
 
@@ -116,7 +116,7 @@ async def test_pod_claims_are_allocated_by_the_allocator_then_prepared_in_one_ca
     async with FakePlugin(root, root / "registry"):
         await kubelet.wait_registered(DRIVER, 5)
         eight = await kubelet.run_pod("big", [claim_from_request("eight", gpus(8))])
-        assert devices(eight.claims[0]) == [f"gpu-{i}" for i in range(7, -1, -1)]
+        assert devices(eight.claims[0]) == [f"gpu-{i}" for i in range(8)]
         await kubelet.end_pod(eight, delete_claims=True)
     assert cluster.get_object("resourceclaims", "eight", "default") is None
 
@@ -221,8 +221,7 @@ async def test_sim_kubelet_starts_a_pod_and_releases_its_claims_on_sigterm(
                     process, "claim two prepared, CDI devices k8s.gpu.nvidia.com/", seen
                 )
                 allocated = cluster.get_object("resourceclaims", "two", "default")
-                # whole GPUs from the last one down (the packing order, agent.dra.order)
-                assert allocated is not None and devices(allocated) == ["gpu-7", "gpu-6"]
+                assert allocated is not None and devices(allocated) == ["gpu-0", "gpu-1"]
                 process.send_signal(signal.SIGTERM)
                 await read_until(process, "claims unprepared and released", seen)
                 with anyio.fail_after(10):
