@@ -4,8 +4,10 @@ By default a request shows the devices its DeviceClass admits, one line each wit
 and the first reason it is out (the claim holding it, a blocking taint, the counter sets it
 would overdraw, the selector that refused it), then one line counting the rest by reason
 ("200 devices the class does not select"). With ``--all`` every device is listed with every
-selector, taint and counter (the layout before the summary existed). ``-o json|yaml`` always
-carry everything.
+selector, taint and counter (the layout before the summary existed). A fitting claim then
+gets a "first fit" line per allocated device: where the scheduler's walk meets it and what it
+went past before it, since that order, not a score, is why the scheduler takes that device.
+``-o json|yaml`` always carry everything.
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ def render_table(report: dict[str, Any], *, all_devices: bool = False) -> str:
                 f"constraint {kind} {constraint[kind]} over {', '.join(constraint['requests'])}: {groups}"
             )
         )
+    if report.get("firstFit"):
+        lines.append("")
+        lines.append("first fit:")
+        lines.extend(clip(line) for line in _first_fit_lines(report["firstFit"]))
     lines.append("")
     if report["fits"] and all_devices:
         lines.append("allocation (status.allocation, as the scheduler would write it):")
@@ -219,6 +225,22 @@ def _counter_sets(device: dict[str, Any]) -> list[str]:
             f"{first['available']} left{more}"
         )
     return phrases
+
+
+def _first_fit_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """``  gpus: gpu-6  device 2 of 8, slice S position 2; before it: 1 in use``; the devices
+    the request's selectors do not choose are left out of the count (-o json has them)."""
+    lines = []
+    for entry in entries:
+        before = ", ".join(
+            f"{n} {reason}" for reason, n in entry["before"].items() if reason != "not selected"
+        )
+        lines.append(
+            f"  {entry['request']}: {entry['device']}  device {entry['order']} of {entry['of']}, "
+            f"slice {entry['slice']} position {entry['inSlice']}; "
+            f"before it: {before or 'nothing the selectors choose'}"
+        )
+    return lines
 
 
 def _allocation_lines(allocation: dict[str, Any]) -> list[str]:

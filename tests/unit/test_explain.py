@@ -26,7 +26,7 @@ async def test_a_fitting_claim_shows_the_allocation() -> None:
     code, out, _ = await explain(str(FOUR_H100), "--simulate", "dgx-h100", "--node", "n1")
     assert code == 0
     assert out.startswith("claim default/four-h100-one-numa-node on node n1: FITS")
-    assert "1: gpu-7, gpu-6, gpu-5, gpu-4; 0: gpu-3, gpu-2, gpu-1, gpu-0" in out
+    assert "0: gpu-0, gpu-1, gpu-2, gpu-3; 1: gpu-4, gpu-5, gpu-6, gpu-7" in out
     code, text, _ = await explain(
         str(FOUR_H100), "--simulate", "dgx-h100", "--node", "n1", "-o", "json"
     )
@@ -34,13 +34,61 @@ async def test_a_fitting_claim_shows_the_allocation() -> None:
     assert code == 0 and report["fits"] is True
     assert report["allocation"]["devices"]["results"] == [
         {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "n1", "device": f"gpu-{i}"}
-        for i in range(7, 3, -1)
+        for i in range(4)
     ]
     assert report["allocation"]["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0][
         "values"
     ] == ["n1"]
     verdicts = [d["verdict"] for d in report["requests"][0]["devices"]]
     assert verdicts == ["allocated"] * 4 + ["candidate"] * 4
+
+
+@pytest.mark.anyio
+async def test_a_fitting_claim_says_which_device_first_fit_takes_and_where_it_is() -> None:
+    """The scheduler does not score devices: the table and json say each allocated device's
+    place in the published order (dgx-h100 without dynamic MIG: 8 whole GPUs in one slice,
+    gpu-0 first) and what first fit went past before it."""
+    args = (str(FOUR_H100), "--simulate", "dgx-h100", "--node", "n1")
+    code, out, _ = await explain(*args)
+    assert code == 0
+    lines = out.splitlines()
+    assert lines.index("first fit:") < lines.index(
+        "allocation (-o yaml or --all: status.allocation as the scheduler writes it):"
+    )
+    assert lines.index("first fit:") > max(
+        i for i, line in enumerate(lines) if line.startswith("constraint ")
+    )
+    slice_name = "00000-gpu.nvidia.com-n1-0"  # discover --simulate names it generateName + index
+    assert (
+        f"  gpus: gpu-0  device 1 of 8, slice {slice_name} position 1; "
+        "before it: nothing the selectors choose"
+    ) in lines
+    assert (
+        f"  gpus: gpu-1  device 2 of 8, slice {slice_name} position 2; "
+        "before it: 1 taken by this request"
+    ) in lines
+    code, text, _ = await explain(*args, "-o", "json")
+    first = json.loads(text)["firstFit"]
+    assert [e["device"] for e in first] == [f"gpu-{i}" for i in range(4)]
+    assert first[0] == {
+        "request": "gpus",
+        "device": "gpu-0",
+        "pool": "n1",
+        "driver": "gpu.nvidia.com",
+        "order": 1,
+        "of": 8,
+        "slice": slice_name,
+        "inSlice": 1,
+        "before": {},
+        "why": f"gpu-0 is device 1 of 8 in the order the node publishes (slice {slice_name}, "
+        "position 1): first fit took it, the first device the request's selectors choose",
+    }
+    code, text, _ = await explain(*args, "-o", "yaml")
+    assert yaml.safe_load(text)["firstFit"] == first
+    code, out, _ = await explain(str(FOUR_H100), "--simulate", "h200-nvl-bridged")
+    assert code == 1 and "first fit:" not in out
+    code, text, _ = await explain(str(FOUR_H100), "--simulate", "h200-nvl-bridged", "-o", "json")
+    assert json.loads(text)["firstFit"] == []
 
 
 @pytest.mark.anyio
@@ -105,7 +153,7 @@ async def test_both_machine_formats_for_a_fitting_and_a_non_fitting_claim() -> N
     as_yaml = yaml.safe_load(text)
     assert code == 0 and as_yaml["fits"] is True
     assert [r["device"] for r in as_yaml["allocation"]["devices"]["results"]] == [
-        f"gpu-{i}" for i in range(7, 3, -1)
+        f"gpu-{i}" for i in range(4)
     ]
     assert as_yaml == json.loads((await explain(*fits, "-o", "json"))[1])
     misfit = [str(FOUR_H100), "--simulate", "gb200-nvl72-tray"]

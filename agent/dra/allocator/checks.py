@@ -145,9 +145,13 @@ def reference_label(reference: tuple[str, str, str]) -> str:
     return "driver" if field_name == "driver" else f"{field_name}[{domain}].{name}"
 
 
-def check_device(request: Request, device: NodeDevice, state: NodeState) -> DeviceCheck:
+def check_device(
+    request: Request, device: NodeDevice, state: NodeState, *, selected: bool = False
+) -> DeviceCheck:
+    """Every check of ``device`` for ``request``; ``selected``: the caller knows the
+    selectors select it (they are not evaluated again, and no verdict of theirs is kept)."""
     verdicts = []
-    for source in request.selectors:
+    for source in () if selected else request.selectors:
         if source.selector is None:
             verdicts.append(SelectorVerdict(source.source, "", None, {}, source.error))
             continue

@@ -20,7 +20,7 @@ overlapping placement).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -52,6 +52,11 @@ class NodeDevice:
     consumes: tuple[tuple[str, str, Fraction], ...]  # (counter set, counter, amount)
     problem: str = ""  # why its pool cannot be used at all (invalid), else ""
     pool_incomplete: bool = False
+    #: where the scheduler read it, so ``explain`` can say why first fit reaches it when it
+    #: does: the ResourceSlice's name (its ``generateName`` while it has none) and the
+    #: device's 1-based place in that slice's ``devices`` list
+    slice_name: str = ""
+    slice_position: int = 0
 
     @property
     def taints(self) -> list[Obj]:
@@ -110,7 +115,10 @@ class NodeState:
 
     def available(self, key: CounterKey) -> Fraction | None:
         total = self.counters.get(key)
-        return None if total is None else total - self.consumed.get(key, Fraction(0))
+        if total is None:
+            return None
+        used = self.consumed.get(key)
+        return total if used is None else total - used
 
 
 def _reaches(spec: Mapping[str, Any], node_name: str, labels: Mapping[str, str]) -> bool | None:
@@ -211,7 +219,8 @@ def build_node_state(
         for item in items:
             spec = item["spec"]
             reach = _reaches(spec, node_name, labels)
-            for device in spec.get("devices") or []:
+            where = _slice_name(item)
+            for position, device in enumerate(spec.get("devices") or [], start=1):
                 device_reach = reach
                 if spec.get("perDeviceNodeSelection"):
                     device_reach = _reaches(device, node_name, labels)
@@ -219,7 +228,9 @@ def build_node_state(
                     continue
                 duplicate = duplicate or device["name"] in names
                 names.add(device["name"])
-                pool_devices.append(_node_device(driver, pool, device, bool(device_reach), sets))
+                pool_devices.append(
+                    _node_device(driver, pool, device, bool(device_reach), sets, (where, position))
+                )
         if not pool_devices:
             continue
         for name, values in sets.items():
@@ -227,19 +238,19 @@ def build_node_state(
                 state.counters[(driver, pool, name, counter)] = value
         problem = f"pool {driver}/{pool} has duplicate device names" if duplicate else ""
         for device in pool_devices:
-            if problem or incomplete:
-                device = NodeDevice(
-                    device.id,
-                    device.spec,
-                    device.variable,
-                    device.node_local,
-                    device.consumes,
-                    device.problem or problem,
-                    incomplete,
+            if problem or incomplete:  # every other field, the slice's place included, kept
+                device = replace(
+                    device, problem=device.problem or problem, pool_incomplete=incomplete
                 )
             state.devices.append(device)
     _note_allocations(state, claims, exclude_claim_uid)
     return state
+
+
+def _slice_name(item: Obj) -> str:
+    """``metadata.name``, or the ``generateName`` of a slice not created yet (a preview)."""
+    metadata = item.get("metadata") or {}
+    return str(metadata.get("name") or metadata.get("generateName") or "")
 
 
 def _node_device(
@@ -248,7 +259,10 @@ def _node_device(
     device: Obj,
     node_local: bool,
     sets: Mapping[str, Mapping[str, Fraction]],
+    place: tuple[str, int] = ("", 0),
 ) -> NodeDevice:
+    """The device as the allocator checks it; ``place``: its slice's name and its 1-based
+    position in that slice's ``devices``."""
     consumes: list[tuple[str, str, Fraction]] = []
     problem = ""
     for consumption in device.get("consumesCounters") or []:
@@ -264,7 +278,24 @@ def _node_device(
         node_local,
         tuple(consumes),
         problem,
+        slice_name=place[0],
+        slice_position=place[1],
     )
+
+
+def note_allocations(state: NodeState, claims: Iterable[Obj]) -> None:
+    """Count the devices and counters ``claims`` (allocated ResourceClaims) hold, on top of
+    what ``state`` counts already (a simulator placing claims one by one)."""
+    _note_allocations(state, claims, None)
+
+
+def forget_allocations(state: NodeState) -> None:
+    """Count no claim at all: the node as :func:`build_node_state` found it without claims."""
+    state.consumed.clear()
+    state.in_use.clear()
+    state.shared.clear()
+    state.sharers.clear()
+    state.counted.clear()
 
 
 def _note_allocations(state: NodeState, claims: Iterable[Obj], exclude_uid: str | None) -> None:

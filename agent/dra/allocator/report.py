@@ -7,17 +7,23 @@ would consume of each capacity and what the other claims' shares leave, and one 
 verdict; then each
 ``matchAttribute`` constraint with the candidates grouped by value, and the allocation the
 scheduler would make or the reasons there is none. Values are JSON-ready.
+
+kube-scheduler does not score devices: it takes the first solution of its walk over the
+node's pools, slices and devices (``node``), so which device a fitting claim gets follows from
+where the device is published. ``firstFit`` says so per allocated device: its place in that
+walk and in its slice, and why first fit went past the devices before it.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from agent.dra.allocator.checks import DeviceCheck
 from agent.dra.allocator.claim import ParsedClaim, Request
-from agent.dra.allocator.node import NodeState
-from agent.dra.allocator.search import Outcome, quantity_text
+from agent.dra.allocator.node import DeviceId, NodeState
+from agent.dra.allocator.search import Allocated, Outcome, quantity_text
 
 Obj = dict[str, Any]
 
@@ -138,8 +144,96 @@ def explain(claim: ParsedClaim, state: NodeState, outcome: Outcome) -> Obj:
         "reasons": list(outcome.reasons),
         "requests": requests,
         "constraints": constraints,
+        "firstFit": first_fit(claim, state, outcome),
         "allocation": outcome.allocation,
     }
+
+
+#: A usable device first fit went past because this claim's allocation has it already.
+TAKEN_BY_REQUEST, TAKEN_BY_CLAIM = "taken by this request", "taken by this claim"
+#: ... because a ``matchAttribute``/``distinctAttribute`` constraint ruled it out, or for a
+#: reason the outcome does not record (this claim's own counters or shares, backtracking).
+CONSTRAINT, PASSED_OVER = "constraint", "passed over"
+NOT_SELECTED = "not selected"
+
+
+def first_fit(claim: ParsedClaim, state: NodeState, outcome: Outcome) -> list[Obj]:
+    """Per allocated device, in allocation order: where the scheduler's walk finds it and a
+    count, by reason, of the devices the walk meets before it for the same request (``[]``
+    when the claim does not fit). People ask "why that GPU?"; the answer is its place in the
+    published order, since nothing else ranks devices."""
+    if not outcome.fits:
+        return []
+    order: dict[DeviceId, int] = {}
+    for number, device in enumerate(state.devices, start=1):
+        order.setdefault(device.id, number)
+    entries = []
+    for allocated in outcome.devices:
+        device = allocated.device
+        checks = outcome.checks[allocated.request.name]
+        index = next(i for i, c in enumerate(checks) if c.device.id == device.id)
+        reasons = Counter(_why_not(claim, outcome, allocated, c) for c in checks[:index])
+        before = dict(sorted(reasons.items(), key=lambda item: (-item[1], item[0])))
+        entry: Obj = {
+            "request": allocated.request.name,
+            "device": device.id.device,
+            "pool": device.id.pool,
+            "driver": device.id.driver,
+            "order": order[device.id],
+            "of": len(state.devices),
+            "slice": device.slice_name,
+            "inSlice": device.slice_position,
+            "before": before,
+        }
+        entry["why"] = _sentence(entry)
+        entries.append(entry)
+    return entries
+
+
+def _why_not(claim: ParsedClaim, outcome: Outcome, allocated: Allocated, check: DeviceCheck) -> str:
+    """Why first fit did not take ``check``'s device for ``allocated``'s request: its verdict,
+    or for a usable one what this claim's allocation tells (who took it, a constraint)."""
+    if not check.usable:
+        return check.verdict
+    holders = {a.request.name for a in outcome.devices if a.device.id == check.device.id}
+    if allocated.request.name in holders:
+        return TAKEN_BY_REQUEST
+    if holders:
+        return TAKEN_BY_CLAIM
+    request = allocated.request
+    for constraint in claim.constraints:
+        if not constraint.applies_to(request):
+            continue
+        value = check.device.attribute(constraint.match_attribute)
+        if value is None:
+            return CONSTRAINT
+        if constraint.distinct:
+            taken = [
+                a.device.attribute(constraint.match_attribute)
+                for a in outcome.devices
+                if a is not allocated and constraint.applies_to(a.request)
+            ]
+            if value in taken:
+                return CONSTRAINT
+        elif value != allocated.device.attribute(constraint.match_attribute):
+            return CONSTRAINT
+    return PASSED_OVER
+
+
+def chosen_before(before: Mapping[str, int]) -> str:
+    """``2 in use, 1 counters exhausted``: the devices before it the selectors choose."""
+    return ", ".join(f"{n} {reason}" for reason, n in before.items() if reason != NOT_SELECTED)
+
+
+def _sentence(entry: Mapping[str, Any]) -> str:
+    where = (
+        f"{entry['device']} is device {entry['order']} of {entry['of']} in the order the node "
+        f"publishes (slice {entry['slice']}, position {entry['inSlice']}): first fit took it"
+    )
+    seen = sum(n for reason, n in entry["before"].items() if reason != NOT_SELECTED)
+    if not seen:
+        return f"{where}, the first device the request's selectors choose"
+    return f"{where} after {seen} the selectors choose: {chosen_before(entry['before'])}"
 
 
 def summary(report: Mapping[str, Any]) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -224,13 +224,25 @@ class _Search:
 
 
 def allocate(
-    claim: ParsedClaim, state: NodeState, share_id: Callable[[], str] = lambda: str(uuid.uuid4())
+    claim: ParsedClaim,
+    state: NodeState,
+    share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    *,
+    selected: Callable[[Request], Sequence[NodeDevice]] | None = None,
 ) -> Outcome:
     """Allocate ``claim`` on ``state``'s node; never raises for an unsatisfiable claim.
     ``share_id`` makes the ``shareID`` of each allocation of a shared device (a UUID, as
-    the scheduler's)."""
+    the scheduler's). ``selected``, when given, names for each request the devices its
+    selectors select, in the node's order (a caller that allocates many claims of the same
+    shapes, ``sim packing``, remembers them: the devices do not change between claims, and
+    the CEL selectors are most of the cost); only those are checked, and the outcome's
+    checks then leave out the devices the selectors turn away."""
     checks = {
-        request.name: [check_device(request, device, state) for device in state.devices]
+        request.name: (
+            [check_device(request, device, state) for device in state.devices]
+            if selected is None
+            else [check_device(request, d, state, selected=True) for d in selected(request)]
+        )
         for claim_request in claim.requests
         for request in claim_request.alternatives
     }
