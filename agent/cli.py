@@ -79,6 +79,10 @@ SIM_SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "agent.sim.allocate_cli",
         "allocate claims on a node as kube-scheduler would (there is no scheduler in the sim)",
     ),
+    "packing": (
+        "agent.sim.packing.cli",
+        "measure how much GPU capacity a cluster strands: device plugins against DRA orders",
+    ),
     "xid": ("agent.sim.control.xid", "inject an XID into a GPU of a running simulated agent"),
     "ecc": ("agent.sim.control.ecc", "inject an ECC error into a GPU of a simulated agent"),
     "gpu-lost": ("agent.sim.control.gpu_lost", "make a GPU of a simulated agent fall off the bus"),

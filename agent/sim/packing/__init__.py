@@ -1,0 +1,1 @@
+"""Cluster packing simulator: how well DRA placements pack a stream of GPU pods."""
