@@ -70,6 +70,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--consumable-shares MODE (disabled, memory, unlimited or N)",
     )
     parser.add_argument(
+        "--device-order",
+        choices=["packing", "names"],
+        default="packing",
+        help="with --simulate: the order the host publishes devices in, as the agent's "
+        "--device-order (packing: default; names: the incumbent's)",
+    )
+    parser.add_argument(
         "-o",
         "--output",
         choices=["table", "yaml", "json"],
@@ -127,7 +134,12 @@ def dynamic_mig_builders() -> tuple[Any, Any, Any]:
 
 
 async def _simulated_view(
-    profile: str, node: str, driver: str, dynamic_mig: bool, shares: Any = None
+    profile: str,
+    node: str,
+    driver: str,
+    dynamic_mig: bool,
+    shares: Any = None,
+    device_order: Any = "packing",
 ) -> Any:
     from agent.discover import name_for_preview
     from agent.dra import build_device_set, build_slices
@@ -145,10 +157,14 @@ async def _simulated_view(
             node_name=node,
             driver_name=driver,
             counter_sets=device_set.counter_sets,
+            device_order=device_order,
         )
     else:
         built = build_slices(
-            build_device_set(inventory, shares=shares).devices, node_name=node, driver_name=driver
+            build_device_set(inventory, shares=shares).devices,
+            node_name=node,
+            driver_name=driver,
+            device_order=device_order,
         )
     slices = name_for_preview(built)
     classes = {c["metadata"]["name"]: c for c in default_device_classes()}
@@ -186,7 +202,10 @@ async def run(args: argparse.Namespace) -> int:
         document = load_claim(args.claim)
         if args.simulate is not None:
             shares = parse_mode(getattr(args, "consumable_shares", "disabled"))
-            view = await _simulated_view(args.simulate, node, args.driver_name, dynamic_mig, shares)
+            order = getattr(args, "device_order", "packing")
+            view = await _simulated_view(
+                args.simulate, node, args.driver_name, dynamic_mig, shares, order
+            )
         else:
             view = await _cluster_view(args.kubeconfig, node)
         claim = parse_claim(document, view.classes)
