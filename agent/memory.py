@@ -23,6 +23,14 @@ cycles such a request left (exceptions, their tracebacks and frames) and asks gl
 every free page (``malloc_trim(0)``: ``madvise(MADV_DONTNEED)`` on whole free pages, in every
 arena). It costs milliseconds, so the kubelet surface calls it after large requests only.
 
+Once started, the agent holds some hundred thousand long-lived objects (modules, the
+generated protobuf classes, the inventory, the clients). Python's cyclic collector walks all
+of them in every full collection, which one prepare in some hundreds triggers: a pause of
+tens of milliseconds in that prepare (87 ms measured on the 2-core VM). :func:`settle_heap`,
+called once start-up is done, collects and then freezes what is alive (``gc.freeze``): the
+collector leaves those objects alone from then on, as it should, since they live as long as
+the process. Objects freed by reference counting are freed as before.
+
 A leaf module: every layer may call it.
 """
 
@@ -80,3 +88,11 @@ def release_free_memory() -> bool:
     trim.restype = ctypes.c_int
     trim(0)
     return True
+
+
+def settle_heap() -> int:
+    """After start-up: collect the garbage start-up left, then move every object alive into
+    the collector's permanent generation (``gc.freeze``); returns how many were frozen."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

@@ -50,6 +50,15 @@ from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 log = logging.getLogger("agent.supervisor")
 
 
+async def _settle_heap_when(started: Callable[[], Awaitable[None]]) -> None:
+    """Freeze the objects start-up made once the first publish converged (agent/memory.py):
+    later full collections, which a prepare may trigger, no longer walk them."""
+    from agent.memory import settle_heap
+
+    await started()
+    log.info("heap settled after start-up", extra={"frozen_objects": settle_heap()})
+
+
 class Supervisor:
     """Runs the agent for one driver until a signal or a failure; see :meth:`run`."""
 
@@ -301,6 +310,7 @@ class Supervisor:
                 lambda name, run: self._child(group, name, run),
                 lambda name, run: self._start_child(group, name, run),
             )
+        self._child(group, "heap settling", lambda: _settle_heap_when(publisher.wait_converged))
         self._child(
             group,
             "readiness notice",

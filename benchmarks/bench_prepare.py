@@ -61,6 +61,7 @@ from agent.kubelet import api
 from agent.kubelet.dra_service import DraPluginService
 from agent.kubelet.rpc import InFlightCalls
 from agent.kubelet.server import UnixGrpcServer
+from agent.memory import settle_heap
 from agent.node.durable import write_atomic
 from agent.node.engine import PrepareEngine
 from agent.node.types import ClaimRef
@@ -265,6 +266,7 @@ class _Bench:
             async def grpc_prepare() -> None:
                 assert not (await kubelet.prepare([ref]))[ref.uid].error
 
+            settle_heap()  # as the agent does once started (agent/memory.py, supervisor)
             rows, where = _Rows(), self.cdi_label
             for _ in range(max(1, round(repeat / rows.BLOCK))):
                 await rows.block("http GET claim", get)

@@ -53,7 +53,7 @@ from agent.kubelet import api
 from agent.kubelet.dra_service import DraPluginService
 from agent.kubelet.rpc import InFlightCalls
 from agent.kubelet.server import UnixGrpcServer
-from agent.memory import pin_mmap_threshold
+from agent.memory import pin_mmap_threshold, settle_heap
 from agent.node.durable import write_atomic
 from agent.sim.kubelet.dra_client import DraClient
 from agent.telemetry import tracing
@@ -172,6 +172,7 @@ async def _rows(bench: _Bench, repeat: int) -> list[Result]:
         async def unprepare() -> None:
             await kubelet.unprepare([ref])
 
+        settle_heap()  # as the agent does once started (agent/memory.py, supervisor)
         rows = _Rows()
         alone: dict[str, list[float]] = {name: [] for name in (PREPARES[1], *COLD_FLOOR)}
 

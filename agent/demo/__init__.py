@@ -221,17 +221,12 @@ async def _show_slices(server: Any, node: str) -> None:
         while not (slices := published()):  # noqa: ASYNC110
             await anyio.sleep(0.1)
     say(f"4. ResourceSlices published for node {node}:")
-    for item in sorted(slices, key=_slice_order):
+    for item in sorted(slices, key=lambda item: item["metadata"]["name"]):
         spec = item["spec"]
         say(
             f"   {item['metadata']['name']}: pool {spec['pool']['name']} (generation "
             f"{spec['pool']['generation']}), {_slice_contents(spec)}"
         )
-
-
-def _slice_order(item: dict[str, Any]) -> tuple[int, str]:
-    devices = item["spec"].get("devices") or []
-    return (0 if not devices else 1, devices[0]["name"] if devices else "")
 
 
 def _slice_contents(spec: dict[str, Any]) -> str:
