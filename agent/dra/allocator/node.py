@@ -106,6 +106,8 @@ class NodeState:
     #: shared devices whose counters other claims' shares consume already (once per device:
     #: a share of a MIG placement uses the one instance its first share made)
     counted: set[DeviceId] = field(default_factory=set)
+    #: ``available`` by counter, until ``consumed`` changes
+    _left: dict[CounterKey, Fraction] = field(default_factory=dict, repr=False)
 
     def capacity_left(self, device: NodeDevice, name: str) -> Fraction:
         """What is left of capacity ``name`` (as the slice spells it) of a shared device."""
@@ -114,11 +116,18 @@ class NodeState:
         return total - self.shared.get(device.id, {}).get(name, Fraction(0))
 
     def available(self, key: CounterKey) -> Fraction | None:
+        """What other claims leave of counter ``key`` (None: the pool has no such counter);
+        remembered until the claims counted change (:func:`note_allocations`)."""
+        left = self._left.get(key)
+        if left is not None:
+            return left
         total = self.counters.get(key)
         if total is None:
             return None
         used = self.consumed.get(key)
-        return total if used is None else total - used
+        left = total if used is None else total - used
+        self._left[key] = left
+        return left
 
 
 def _reaches(spec: Mapping[str, Any], node_name: str, labels: Mapping[str, str]) -> bool | None:
@@ -292,6 +301,7 @@ def note_allocations(state: NodeState, claims: Iterable[Obj]) -> None:
 def forget_allocations(state: NodeState) -> None:
     """Count no claim at all: the node as :func:`build_node_state` found it without claims."""
     state.consumed.clear()
+    state._left.clear()
     state.in_use.clear()
     state.shared.clear()
     state.sharers.clear()
@@ -321,6 +331,7 @@ def _note_allocations(state: NodeState, claims: Iterable[Obj], exclude_uid: str 
             for name, counter, amount in device.consumes if device else ():
                 key = (device_id.driver, device_id.pool, name, counter)
                 state.consumed[key] = state.consumed.get(key, Fraction(0)) + amount
+                state._left.pop(key, None)
 
 
 def _note_share(
