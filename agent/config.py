@@ -102,7 +102,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dynamic-mig", "GPU_DRA_DYNAMIC_MIG", "false"),
     Setting("slice-layout", "GPU_DRA_SLICE_LAYOUT", "auto"),
     # the order devices are published in; first fit follows it (docs/OPERATIONS.md, "Packing")
-    Setting("device-order", "GPU_DRA_DEVICE_ORDER", "packing"),
+    Setting("device-order", "GPU_DRA_DEVICE_ORDER", "names"),
     Setting("adopt-mig-instances", "GPU_DRA_ADOPT_MIG_INSTANCES", "false"),
     Setting("mig-mode-off-when-idle", "GPU_DRA_MIG_MODE_OFF_WHEN_IDLE", "true"),
     # KEP-5075 shares: disabled|memory|unlimited|<N> (docs/OPERATIONS.md, "Consumable shares")
@@ -144,7 +144,7 @@ class AgentConfig:
     # dynamic MIG: publish partitionable devices, create instances on prepare
     dynamic_mig: bool = False
     slice_layout: str = "auto"  # one of SLICE_LAYOUTS
-    device_order: str = "packing"  # one of agent.dra.order.DEVICE_ORDERS
+    device_order: str = "names"  # one of agent.dra.order.DEVICE_ORDERS
     adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
     mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
     consumable_shares: str = "disabled"  # agent.dra.shares.parse_mode accepts it

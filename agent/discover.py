@@ -87,9 +87,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-order",
         choices=DEVICE_ORDERS,
-        default="packing",
-        help="the order devices are listed in, which first fit follows: packing (default) "
-        "or names (the incumbent's)",
+        default="names",
+        help="the order devices are listed in, which first fit follows: names (default, the "
+        "incumbent's) or packing",
     )
     parser.add_argument(
         "-o",

@@ -72,9 +72,9 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device-order",
         choices=["packing", "names"],
-        default="packing",
+        default="names",
         help="with --simulate: the order the host publishes devices in, as the agent's "
-        "--device-order (packing: default; names: the incumbent's)",
+        "--device-order (names: default, the incumbent's; packing)",
     )
     parser.add_argument(
         "-o",
@@ -139,7 +139,7 @@ async def _simulated_view(
     driver: str,
     dynamic_mig: bool,
     shares: Any = None,
-    device_order: Any = "packing",
+    device_order: Any = "names",
 ) -> Any:
     from agent.discover import name_for_preview
     from agent.dra import build_device_set, build_slices
@@ -202,7 +202,7 @@ async def run(args: argparse.Namespace) -> int:
         document = load_claim(args.claim)
         if args.simulate is not None:
             shares = parse_mode(getattr(args, "consumable_shares", "disabled"))
-            order = getattr(args, "device_order", "packing")
+            order = getattr(args, "device_order", "names")
             view = await _simulated_view(
                 args.simulate, node, args.driver_name, dynamic_mig, shares, order
             )

@@ -82,7 +82,7 @@ def build_slices(
     node_uid: str | None = None,
     counter_sets: Iterable[CounterSet] = (),
     slice_layout: SliceLayout = "split",
-    device_order: DeviceOrder = "packing",
+    device_order: DeviceOrder = "names",
 ) -> list[dict[str, Any]]:
     """Complete ResourceSlice objects for this node's pool, ready to create.
 
@@ -169,7 +169,7 @@ def pool_layout(
     devices: Iterable[DraDevice],
     counter_sets: Iterable[CounterSet] = (),
     slice_layout: SliceLayout = "split",
-    device_order: DeviceOrder = "packing",
+    device_order: DeviceOrder = "names",
 ) -> list[SliceContent]:
     """Split devices and counter sets into slices (see :func:`build_slices`).
 

@@ -94,7 +94,7 @@ class SlicePublisher:
         retry_max: float = 4.0,
         watch_timeout: int = 240,
         slice_layout: SliceLayout = "split",
-        device_order: DeviceOrder = "packing",
+        device_order: DeviceOrder = "names",
     ) -> None:
         # validates the names, the layout and the order
         build_slices(

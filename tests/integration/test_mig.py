@@ -31,11 +31,9 @@ from tests.integration.conftest import AgentHarness, allocated_devices, gpu_requ
 
 pytestmark = pytest.mark.anyio
 DYNAMIC = ("--dynamic-mig", "true")
-#: the two halves of GPU 0 for 3g.40gb, in the order first fit takes them (the packing order
-#: lists placements from the highest start down)
-LEFT = "gpu-0-mig-3g40gb-9-4"
-RIGHT = "gpu-0-mig-3g40gb-9-0"
-OVERLAP = "gpu-0-mig-2g20gb-14-4"  # overlaps LEFT (memory slices 4-5)
+LEFT = "gpu-0-mig-3g40gb-9-0"
+RIGHT = "gpu-0-mig-3g40gb-9-4"
+OVERLAP = "gpu-0-mig-2g20gb-14-2"
 
 
 def mig_request(profile: str, *, gpu_uuid: str | None = None) -> dict[str, Any]:

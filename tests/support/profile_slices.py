@@ -61,7 +61,7 @@ def profile_slices(
     dynamic_mig: DynamicMig | None = None,
     slice_layout: SliceLayout = "split",
     shares: SharesMode | None = None,
-    device_order: DeviceOrder = "packing",
+    device_order: DeviceOrder = "names",
 ) -> list[dict[str, Any]]:
     """A fresh copy each call: tests may edit them (taints, counters). ``dynamic_mig``
     publishes as ``--dynamic-mig`` does, laid out by ``slice_layout``; ``shares`` as

@@ -299,3 +299,16 @@ def test_consumable_shares_from_flag_env_and_file(tmp_path: Path) -> None:
 def test_a_bad_consumable_shares_mode_names_its_source(value: str) -> None:
     with pytest.raises(ConfigError, match=r"GPU_DRA_CONSUMABLE_SHARES: .* is not a consumable"):
         load_config({"node_name": "node-a"}, {"GPU_DRA_CONSUMABLE_SHARES": value})
+
+
+def test_device_order_from_flag_environment_or_file(tmp_path: Path) -> None:
+    """names (the incumbent's) unless asked; anything else is refused naming the choices."""
+    base = {"node_name": "node-a"}
+    assert load_config(base, {}).device_order == "names"
+    assert load_config({**base, "device_order": "packing"}, {}).device_order == "packing"
+    assert load_config(base, {"GPU_DRA_DEVICE_ORDER": "packing"}).device_order == "packing"
+    file = tmp_path / "agent.yaml"
+    file.write_text("device-order: packing\n")
+    assert load_config(base, {}, file).device_order == "packing"
+    with pytest.raises(ConfigError, match=r"--device-order 'best' is not one of packing, names"):
+        load_config({**base, "device_order": "best"}, {})

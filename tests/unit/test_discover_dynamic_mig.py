@@ -53,8 +53,7 @@ def test_yaml_is_valid_for_its_layout(
     docs = [d for d in yaml.safe_load_all(text) if d]
     assert pool_rule_errors(docs, version) == []
     assert sum(len(d["spec"].get("sharedCounters") or []) for d in docs) == 8
-    # split: the counters, the MIG placements of two GPUs a slice, then the whole GPUs
-    assert len(docs) == (8 if layout == "combined" else 6)
+    assert len(docs) == (8 if layout == "combined" else 9)
 
 
 def test_environment_turns_it_on(

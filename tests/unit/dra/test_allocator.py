@@ -429,10 +429,10 @@ def test_seed_style_match_attribute_on_the_seed_profiles() -> None:
         f"gpu-{i}" for i in range(4)
     ]
     assert on_profile("gb200-nvl72-tray", seed_claim(3, [NUMA_ATTR]))[0] is None  # 2 per socket
-    # dgx-a100 (MIG): seven 1g.10gb of one parent GPU, not eight, from the highest start down
+    # dgx-a100 (MIG): seven 1g.10gb of one parent GPU, not eight
     one_g = "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
     parent = "gpu.nvidia.com/parentUUID"
     seven, _ = on_profile("dgx-a100", seed_claim(7, [parent], one_g, cls="mig.nvidia.com"))
-    assert seven == [f"gpu-0-mig-1g10gb-19-{i}" for i in range(6, -1, -1)]
+    assert seven == [f"gpu-0-mig-1g10gb-19-{i}" for i in range(7)]
     eight, _ = on_profile("dgx-a100", seed_claim(8, [parent], one_g, cls="mig.nvidia.com"))
     assert eight is None

@@ -52,7 +52,7 @@ def test_first_fit_counts_the_device_in_use_it_passes_over() -> None:
 
 
 def test_first_fit_of_a_mig_device_on_a_dynamic_mig_host() -> None:
-    slices = profile_slices("dgx-h100", "node-a", dynamic_mig=DynamicMig())
+    slices = profile_slices("dgx-h100", "node-a", dynamic_mig=DynamicMig(), device_order="packing")
     state = build_node_state("node-a", slices)
     doc = seed_claim(1, [], MIG_1G, cls="mig.nvidia.com")
     [entry] = report(doc, state)["firstFit"]
@@ -70,7 +70,7 @@ def test_a_whole_gpu_on_a_dynamic_mig_host_comes_after_every_placement() -> None
     """The packing order publishes MIG placements before whole GPUs: first fit of a whole GPU
     goes past all of them (not selected, left out of the sentence), and past a GPU whose
     counters a MIG device of it holds."""
-    slices = profile_slices("dgx-h100", dynamic_mig=DynamicMig())
+    slices = profile_slices("dgx-h100", dynamic_mig=DynamicMig(), device_order="packing")
     mig_devices = sum(1 for name, _, _ in walk(slices) if "-mig-" in name)
     state = build_node_state("node-a", slices, [holding("gpu-0-mig-1g10gb-19-6")])
     [entry] = report(seed_claim(1, []), state)["firstFit"]

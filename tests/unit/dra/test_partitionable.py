@@ -461,7 +461,9 @@ def test_split_layout_counters_first_at_most_eight_sets_per_slice() -> None:
 def test_split_layout_in_the_packing_order() -> None:
     """Counters first; then the MIG placements, consecutive GPUs sharing a slice up to 64
     devices and no GPU's run cut; the whole GPUs last."""
-    slices = profile_slices("dgx-h100", dynamic_mig=ADOPT, slice_layout="split")
+    slices = profile_slices(
+        "dgx-h100", dynamic_mig=ADOPT, slice_layout="split", device_order="packing"
+    )
     assert slices[0]["spec"].get("sharedCounters") and "devices" not in slices[0]["spec"]
     device_lists = [[d["name"] for d in s["spec"]["devices"]] for s in slices[1:]]
     assert device_lists[-1] == [f"gpu-{minor}" for minor in range(8)]

@@ -70,8 +70,7 @@ async def test_publishes_counters_and_partitionable_devices(
             await publisher.wait_converged()
     slices = stored(apiserver)
     assert problems(apiserver, device_set, layout) == []
-    # split: the counters, the MIG placements of two GPUs a slice (25 each), the whole GPUs
-    assert len(slices) == (8 if layout == "combined" else 6)
+    assert len(slices) == (8 if layout == "combined" else 9)
     for obj in slices:
         k8s_schema.validate(obj, VERSION[layout])
     assert k8s_schema.pool_rule_errors(slices, VERSION[layout]) == []
