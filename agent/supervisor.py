@@ -50,12 +50,18 @@ from agent.telemetry.tracing import configure_tracing, shutdown_tracing
 log = logging.getLogger("agent.supervisor")
 
 
-async def _settle_heap_when(started: Callable[[], Awaitable[None]]) -> None:
-    """Freeze the objects start-up made once the first publish converged (agent/memory.py):
-    later full collections, which a prepare may trigger, no longer walk them."""
+async def _settle_heap_when(
+    published: Callable[[], Awaitable[None]], registered: Callable[[], bool]
+) -> None:
+    """Freeze the objects start-up made (agent/memory.py) once the first publish converged and
+    the kubelet registered the plugin: later full collections, which a prepare may trigger,
+    no longer walk them. Not sooner, so that the collection it starts with (tens of
+    milliseconds) never delays the registration."""
     from agent.memory import settle_heap
 
-    await started()
+    await published()
+    while not registered():  # noqa: ASYNC110  (the registrar has a flag, not an event)
+        await anyio.sleep(0.1)
     log.info("heap settled after start-up", extra={"frozen_objects": settle_heap()})
 
 
@@ -310,7 +316,13 @@ class Supervisor:
                 lambda name, run: self._child(group, name, run),
                 lambda name, run: self._start_child(group, name, run),
             )
-        self._child(group, "heap settling", lambda: _settle_heap_when(publisher.wait_converged))
+        self._child(
+            group,
+            "heap settling",
+            lambda: _settle_heap_when(
+                publisher.wait_converged, lambda: plugin.registrar.registered is True
+            ),
+        )
         self._child(
             group,
             "readiness notice",

@@ -97,6 +97,8 @@ async def test_ready_watchdog_and_stopping_reach_systemd(
     assert len(beats) >= 2, notify_socket.received
     gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
     assert all(0.3 < gap < 0.8 for gap in gaps), gaps  # half of the 1 s WATCHDOG_USEC
+    # once ready, the objects of start-up are frozen for the collector (agent/memory.py)
+    assert "heap settled after start-up" in agent.log()
 
     assert await harness.stop_agent() == 0, agent.log()
     stopping = await notify_socket.wait_for("STOPPING", timeout=1.0)

@@ -13,7 +13,6 @@ slice's index, then five characters), so the allocator walks them as a 1.36 sche
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,7 +118,3 @@ async def load_template(
 
 def node_names(count: int) -> list[str]:
     return [f"node-{index:03d}" for index in range(count)]
-
-
-def by_minor(gpus: Sequence[GpuInfo]) -> dict[int, GpuInfo]:
-    return {gpu.minor: gpu for gpu in gpus}

@@ -37,7 +37,7 @@ from agent.dra.names import parse_mig_device_name
 from agent.dra.order import DeviceOrder, gpu_minor
 from agent.sim.deviceclasses import default_device_classes
 from agent.sim.packing.cluster import DRIVER, NodeTemplate
-from agent.sim.packing.workload import MigSize, PodRequest
+from agent.sim.packing.workload import PodRequest
 
 Obj = dict[str, Any]
 #: The GPU operator's ``all-balanced`` layout for an H100 80GB.
@@ -185,10 +185,6 @@ class Dra:
         forget_allocations(state)
         note_allocations(state, claims.values())
 
-    def devices(self, node: int) -> list[NodeDevice]:
-        """The node's devices in the allocator's search order (tests, ``explain``)."""
-        return list(self._states[node].devices)
-
     def _chooser(
         self, shape: tuple[Any, ...], state: NodeState
     ) -> Callable[[Request], Sequence[NodeDevice]]:
@@ -291,7 +287,3 @@ def build_models(
         else:
             raise ValueError(f"unknown model {name!r}; one of {', '.join(MODEL_NAMES)}")
     return out
-
-
-def sizes_by_name(sizes: Sequence[MigSize]) -> dict[str, MigSize]:
-    return {size.profile: size for size in sizes}
