@@ -20,6 +20,7 @@ import pytest
 from agent.dra import build_device_set, build_slices
 from agent.dra.devices import DeviceSet
 from agent.dra.model import DeviceTaint
+from agent.dra.order import DEVICE_ORDERS, DeviceOrder
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import parse_mode
 from agent.dra.slices import layout_for_version
@@ -45,12 +46,19 @@ def version_tuple(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def published(profile: str, mode: str, version: str, *, tainted: bool) -> list[dict[str, Any]]:
-    return publish(profile, MODES[mode], version, tainted=tainted)
+def published(
+    profile: str, mode: str, version: str, *, tainted: bool, order: DeviceOrder = "names"
+) -> list[dict[str, Any]]:
+    return publish(profile, MODES[mode], version, tainted=tainted, order=order)
 
 
 def publish(
-    profile: str, settings: dict[str, Any], version: str, *, tainted: bool
+    profile: str,
+    settings: dict[str, Any],
+    version: str,
+    *,
+    tainted: bool,
+    order: DeviceOrder = "names",
 ) -> list[dict[str, Any]]:
     inventory = profile_inventory(profile)
     devices: DeviceSet = build_device_set(inventory, **settings)
@@ -66,20 +74,22 @@ def publish(
         node_uid="u-1",
         counter_sets=devices.counter_sets,
         slice_layout=layout_for_version(version_tuple(version)),
+        device_order=order,
     )
-    for index, item in enumerate(slices):
-        item["metadata"]["name"] = f"{NODE}-{DRIVER}-{index}"
+    for item in slices:  # as the API server names them: the generateName, then 5 characters
+        item["metadata"]["name"] = item["metadata"]["generateName"] + "abcde"
     return slices
 
 
+@pytest.mark.parametrize("order", DEVICE_ORDERS)
 @pytest.mark.parametrize("tainted", [False, True], ids=["plain", "tainted"])
 @pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("version", k8s_schema.SUPPORTED_VERSIONS)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_published_slice_is_valid(
-    profile: str, version: str, mode: str, tainted: bool
+    profile: str, version: str, mode: str, tainted: bool, order: DeviceOrder
 ) -> None:
-    slices = published(profile, mode, version, tainted=tainted)
+    slices = published(profile, mode, version, tainted=tainted, order=order)
     for item in slices:
         assert k8s_schema.schema_errors(item, version) == [], item["spec"].get("devices", [])[:1]
     assert k8s_schema.pool_rule_errors(slices, version) == []
