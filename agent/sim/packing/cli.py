@@ -107,6 +107,15 @@ async def run(args: argparse.Namespace) -> int:
         raise AgentError("--nodes must be at least 1 and --load above 0")
     shares = parse_mode(args.consumable_shares)  # an AgentError names what is wrong
     template = await load_template(args.profile, dynamic_mig=True, shares=shares)
+    if not template.sizes and "device-plugin-static-mig" in models:
+        models.remove("device-plugin-static-mig")
+        print(
+            f"sim packing: {args.profile} has no MIG-capable GPU: no static MIG model, and "
+            "fractional requests take whole GPUs",
+            file=sys.stderr,
+        )
+        if not models:
+            raise AgentError("--models: nothing left to compare")
     pods = _workload(args, template)
     scorings: list[Scoring] = list(SCORINGS) if args.node_scoring == "both" else [args.node_scoring]
     names = node_names(args.nodes)

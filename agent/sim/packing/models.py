@@ -233,11 +233,11 @@ def _shape(pod: PodRequest) -> tuple[Any, ...]:
 def claim_document(pod: PodRequest) -> Obj:
     """The ResourceClaim a user would write for ``pod``: whole GPUs of class gpu.nvidia.com
     (with a ``matchAttribute`` on the NUMA node or the NVLink domain), or one MIG device of
-    the mapped profile."""
-    if pod.gpus:
+    the mapped profile (a fraction on a GPU model without MIG: a whole GPU)."""
+    if pod.gpus or pod.mig_profile is None:
         request: Obj = {
             "name": "gpus",
-            "exactly": {"deviceClassName": "gpu.nvidia.com", "count": pod.gpus},
+            "exactly": {"deviceClassName": "gpu.nvidia.com", "count": max(pod.gpus, 1)},
         }
         constraints = []
         if pod.constraint == "numa" and pod.gpus > 1:

@@ -229,7 +229,8 @@ def seed_workload(
             memory_mib=max(MIN_MEMORY_MIB, MEMORY_MIB_PER_GPU * (gpus or 1) * milli // 1000),
             gpus=gpus,
             gpu_milli=milli,
-            mig_profile=mig_profile_for(milli, sizes).profile if gpus == 0 else None,
+            # no MIG on the GPU model: a fraction stays a fraction, placed on a whole GPU
+            mig_profile=mig_profile_for(milli, sizes).profile if gpus == 0 and sizes else None,
             constraint=constraint,
         )
         pods.append(pod)
@@ -325,7 +326,7 @@ def _parse_row(path: Path, line: int, fields: list[str], sizes: Sequence[MigSize
             raise WorkloadError(f"{where}deletion_time {deletion} is before {column} {start}")
     fractional = num_gpu == 1 and 1 <= gpu_milli <= 999
     try:
-        profile = mig_profile_for(gpu_milli, sizes).profile if fractional else None
+        profile = mig_profile_for(gpu_milli, sizes).profile if fractional and sizes else None
     except WorkloadError as error:
         raise WorkloadError(f"{where}gpu_milli: {error}") from None
     pod = PodRequest(

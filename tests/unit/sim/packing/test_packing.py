@@ -229,3 +229,16 @@ async def test_an_openb_trace_is_replayed(
     broken.write_text(trace.read_text().replace("\np3,", "\np3,x", 1))
     with pytest.raises(Exception, match=r"broken.csv:5: "):
         await cli.run(_args(workload=f"openb:{broken}"))
+
+
+async def test_a_profile_without_mig_places_fractions_on_whole_gpus(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert await cli.run(_args(profile="l40s-pcie")) == 0
+    captured = capsys.readouterr()
+    assert "no MIG-capable GPU" in captured.err
+    document = json.loads(captured.out)
+    models = {r["model"] for r in document["results"]}
+    assert models == {"device-plugin", "dra-name-order", "dra"}
+    dra = next(r for r in document["results"] if r["model"] == "dra")
+    assert dra["placed"] > 0 and dra["internalWaste"] > 0  # fractions rounded up to a GPU
