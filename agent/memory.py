@@ -25,8 +25,9 @@ arena). It costs milliseconds, so the kubelet surface calls it after large reque
 
 Once started, the agent holds some hundred thousand long-lived objects (modules, the
 generated protobuf classes, the inventory, the clients). Python's cyclic collector walks all
-of them in every full collection, which one prepare in some hundreds triggers: a pause of
-tens of milliseconds in that prepare (87 ms measured on the 2-core VM). :func:`settle_heap`,
+of them in every full collection, which a prepare triggers now and then (once in 60 batches
+of 32 claims on the prepare benchmark): a pause of tens of milliseconds in that prepare (87 ms
+measured on the 2-core VM). :func:`settle_heap`,
 called once start-up is done, collects and then freezes what is alive (``gc.freeze``): the
 collector leaves those objects alone from then on, as it should, since they live as long as
 the process. Objects freed by reference counting are freed as before.

@@ -65,14 +65,6 @@ def slice_name_prefix(index: int, driver_name: str, node_name: str) -> str:
     return f"{index:05x}-{driver_name}-{node_name}-"
 
 
-def slice_index(name: str) -> int | None:
-    """The index a slice name starts with (:func:`slice_name_prefix`); None without one."""
-    head, dash, _ = name.partition("-")
-    if not dash or len(head) < 5 or any(c not in "0123456789abcdef" for c in head):
-        return None
-    return int(head, 16)
-
-
 def build_slices(
     devices: Iterable[DraDevice],
     *,
