@@ -46,9 +46,12 @@ WARMUP = 20
 PREPARES = 1000  # per traced agent, for the memory bound
 RSS_FROM = 200  # the queue is long full by then (512 spans: some 60 prepares)
 #: A traced agent's median prepare may exceed the untraced one's by this factor (the issue's
-#: 10 %) plus a fixed allowance for timer and scheduling noise on a loaded 2-core machine.
+#: 10 %) plus a fixed allowance for timer and scheduling noise on a loaded 2-core machine:
+#: 1 ms (0.5 ms until 2026-12-07, when a clean-clone CI run on a slow VM day measured the
+#: black-hole agent 6 us over that bound: off 8.10 ms, collector down 9.02, black hole 9.42).
+#: A collector that blocked the prepare would cost its export timeout, 2 s, not a millisecond.
 LATENCY_FACTOR = 1.10
-LATENCY_SLACK_S = 0.0005
+LATENCY_SLACK_S = 0.001
 #: Growth of a traced agent's resident memory beyond the untraced agent's allowed between the
 #: 200th and the 1 000th prepare, once the 512-span queue is full: keeping every span would
 #: add a few kB per span, over 7 200 spans (~19 MB, three times the allowance). Measured on
