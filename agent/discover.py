@@ -28,6 +28,7 @@ from agent.dra.order import DEVICE_ORDERS
 from agent.dra.partitionable import MEMORY_COUNTER, DynamicMig
 from agent.dra.quantity import format_quantity
 from agent.dra.slices import SLICE_LAYOUTS
+from agent.dra.slices import name_for_preview as name_for_preview  # re-exported
 from agent.hardware.inventory import Gpu, Inventory
 from agent.switches import TRUE_WORDS, add_switch
 
@@ -135,17 +136,6 @@ async def run(args: argparse.Namespace) -> int:
 
 def _env_flag(name: str) -> bool:
     return (os.environ.get(name) or "").strip().lower() in TRUE_WORDS
-
-
-def name_for_preview(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Give each slice a concrete name (the API server would generate one from generateName),
-    so the output can be applied or validated as it is."""
-    named = []
-    for index, item in enumerate(slices):
-        metadata = dict(item["metadata"])
-        metadata["name"] = f"{metadata['generateName']}{index}"
-        named.append({**item, "metadata": metadata})
-    return named
 
 
 def render_yaml(inventory: Inventory, slices: list[dict[str, Any]]) -> str:

@@ -141,8 +141,8 @@ async def _simulated_view(
     shares: Any = None,
     device_order: Any = "names",
 ) -> Any:
-    from agent.discover import name_for_preview
     from agent.dra import build_device_set, build_slices
+    from agent.dra.slices import name_for_preview
     from agent.hardware.discovery import discover_host
     from agent.sim.allocation import ClusterView
     from agent.sim.deviceclasses import default_device_classes

@@ -126,6 +126,19 @@ def build_slices(
     return out
 
 
+def name_for_preview(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each slice with a concrete name, its ``generateName`` then its place in the list, as
+    the API server would name it from ``generateName`` (the index first, so the order by
+    name stays the layout's): for output that is applied or validated as it is, and for
+    simulators and tests that allocate from the slices."""
+    named = []
+    for index, item in enumerate(slices):
+        metadata = dict(item["metadata"])
+        metadata["name"] = f"{metadata['generateName']}{index}"
+        named.append({**item, "metadata": metadata})
+    return named
+
+
 def _spec(
     chunk: SliceContent, driver: str, node: str, generation: int, count: int
 ) -> dict[str, Any]:
@@ -248,8 +261,7 @@ def _packing_runs(runs: Sequence[Sequence[DraDevice]]) -> list[SliceContent]:
     GPUs sharing a slice while they fit, then the whole GPUs (already in their order)."""
     half = limits.MAX_DEVICES_PER_SLICE_WITH_TAINTS
     migs = [[d for d in run if is_mig_name(d.name)] for run in runs]
-    whole = [d for d in order_devices((d for run in runs for d in run), "packing")]
-    whole = [d for d in whole if not is_mig_name(d.name)]
+    whole = order_devices((d for run in runs for d in run if not is_mig_name(d.name)), "packing")
     out: list[SliceContent] = []
     current: list[DraDevice] = []
     for run in migs:

@@ -15,7 +15,7 @@ from agent.dra import build_device_set, build_slices
 from agent.dra.order import DeviceOrder
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import SharesMode
-from agent.dra.slices import SliceLayout
+from agent.dra.slices import SliceLayout, name_for_preview
 from agent.hardware.discovery import discover_host
 from agent.hardware.inventory import Inventory
 
@@ -49,9 +49,7 @@ def _slices(
         slice_layout=slice_layout,
         device_order=device_order,
     )
-    for item in slices:  # named as the API server names them: the prefix, then 5 characters
-        item["metadata"]["name"] = item["metadata"]["generateName"] + "zzzzz"
-    return tuple(slices)
+    return tuple(name_for_preview(slices))  # named as the API server names them
 
 
 def profile_slices(

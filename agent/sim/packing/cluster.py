@@ -21,6 +21,7 @@ from agent.dra import build_device_set, build_slices
 from agent.dra.order import DeviceOrder
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import SharesMode
+from agent.dra.slices import name_for_preview
 from agent.hardware.inventory import Inventory
 from agent.sim.packing.workload import MigSize
 
@@ -59,16 +60,15 @@ class NodeTemplate:
             dynamic_mig=DynamicMig() if self.dynamic_mig else None,
             shares=self.shares,
         )
-        slices = build_slices(
-            device_set.devices,
-            node_name=node,
-            driver_name=DRIVER,
-            counter_sets=device_set.counter_sets,
-            device_order=order,
+        return name_for_preview(
+            build_slices(
+                device_set.devices,
+                node_name=node,
+                driver_name=DRIVER,
+                counter_sets=device_set.counter_sets,
+                device_order=order,
+            )
         )
-        for item in slices:
-            item["metadata"]["name"] = item["metadata"]["generateName"] + "sim00"
-        return slices
 
     @property
     def gpu_count(self) -> int:

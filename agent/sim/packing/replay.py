@@ -70,9 +70,6 @@ class Result:
     latency_samples: int = 0
     seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
 
 @dataclass
 class _Node:

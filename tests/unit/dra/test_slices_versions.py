@@ -23,7 +23,7 @@ from agent.dra.model import DeviceTaint
 from agent.dra.order import DEVICE_ORDERS, DeviceOrder
 from agent.dra.partitionable import DynamicMig
 from agent.dra.shares import parse_mode
-from agent.dra.slices import layout_for_version
+from agent.dra.slices import layout_for_version, name_for_preview
 from agent.hardware.simulated import shipped_profiles
 from tests.support import k8s_schema
 from tests.support.profile_slices import profile_inventory
@@ -76,9 +76,7 @@ def publish(
         slice_layout=layout_for_version(version_tuple(version)),
         device_order=order,
     )
-    for item in slices:  # as the API server names them: the generateName, then 5 characters
-        item["metadata"]["name"] = item["metadata"]["generateName"] + "abcde"
-    return slices
+    return name_for_preview(slices)  # named as the API server names them
 
 
 @pytest.mark.parametrize("order", DEVICE_ORDERS)
