@@ -7,11 +7,14 @@ exercised exactly as in production.
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
+import stat
 import sys
 from pathlib import Path
 
+from agent.hardware.simulated.elfstub import shared_object
 from agent.hardware.simulated.profile import HostProfile
 from agent.hardware.simulated.state import HostState
 
@@ -21,6 +24,24 @@ NVIDIA_CAPS_MAJOR = 510
 CAPS_PER_GPU = 135  # 15 GPU instances x (1 GI + 8 CI) capability files
 CAPS_FIRST = 3  # 1 and 2 are mig/config and mig/monitor
 CAPS_MODE = 292  # 0444
+#: The control nodes: (major, minor). nvidiactl and nvidia-modeset are minors of the GPU
+#: major; nvidia-uvm's major is the one this simulated /proc/devices gives it.
+CONTROL_NODES = {
+    "nvidiactl": (NVIDIA_MAJOR, 255),
+    "nvidia-uvm": (NVIDIA_UVM_MAJOR, 0),
+    "nvidia-uvm-tools": (NVIDIA_UVM_MAJOR, 1),
+}
+#: The driver's libraries as its installer lays them out: (file name prefix, soname); the
+#: file is ``<prefix>.<driver version>``, the soname a symlink to it, and libcuda.so (the
+#: link name) a symlink to the soname.
+DRIVER_LIBRARIES = (
+    ("libcuda.so", "libcuda.so.1"),
+    ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+    ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
+    ("libnvidia-nvvm.so", "libnvidia-nvvm.so.4"),
+    ("libcudadebugger.so", "libcudadebugger.so.1"),
+)
+LINK_NAMES = {"libcuda.so": "libcuda.so.1"}
 
 
 def gi_capability_minor(gpu_minor: int, gi_id: int) -> int:
@@ -56,9 +77,9 @@ def lay_out_host(profile: HostProfile, root: Path) -> None:
         if not link.is_symlink():
             relative = Path("../../..") / "devices" / gpu.pcie_root / port / gpu.pci_bus_id
             os.symlink(relative, link)
-        _write(root / "dev" / f"nvidia{gpu.minor}", "")
-    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
-        _write(root / "dev" / name, "")
+        _device_node(root / "dev" / f"nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor)
+    for name, (major, minor) in CONTROL_NODES.items():
+        _device_node(root / "dev" / name, major, minor)
     _write(root / "proc/sys/kernel/random/boot_id", f"{profile.boot_id}\n")
     _write(
         root / "proc/devices",
@@ -71,10 +92,35 @@ def lay_out_host(profile: HostProfile, root: Path) -> None:
     _write(caps / "mig/config", _access(1))
     _write(caps / "mig/monitor", _access(2))
     lib_dir = root / "driver-root/usr/lib/x86_64-linux-gnu"
-    for library in ("libnvidia-ml.so", "libcuda.so"):
-        _write(lib_dir / f"{library}.{profile.driver_version}", "simulated driver library\n")
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    for prefix, soname in DRIVER_LIBRARIES:
+        file_name = f"{prefix}.{profile.driver_version}"
+        (lib_dir / file_name).write_bytes(shared_object(soname))
+        _symlink(lib_dir / soname, file_name)
+    for link_name, soname in LINK_NAMES.items():
+        _symlink(lib_dir / link_name, soname)
     for tool in ("nvidia-smi", "nvidia-cuda-mps-control"):  # simulated tools (``tools``)
         _write_tool(root / "driver-root/usr/bin" / tool, tool, root)
+
+
+def _symlink(path: Path, target: str) -> None:
+    if not path.is_symlink():
+        path.symlink_to(target)
+
+
+def _device_node(path: Path, major: int, minor: int) -> None:
+    """A character device node where this process may make one (root), as the driver's
+    nodes are; a regular file elsewhere (discovery only asks whether the path exists). A
+    path that exists already is left as it is."""
+    if path.exists() or path.is_symlink():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.EACCES, errno.EROFS, errno.EINVAL):
+            raise
+        path.write_text("")
 
 
 def _write_tool(path: Path, tool: str, root: Path) -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
+import subprocess
 from pathlib import Path
 
 from agent.hardware.hostfiles import HostFiles
 from agent.hardware.simulated.hostfs import (
+    DRIVER_LIBRARIES,
     ci_capability_minor,
     gi_capability_minor,
     lay_out_host,
@@ -36,6 +41,34 @@ def test_simulated_layout_is_read_back(tmp_path: Path) -> None:
     assert (tmp_path / "dev/nvidia5").exists() and (tmp_path / "dev/nvidiactl").exists()
     assert (tmp_path / "driver-root/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.158.01").exists()
     assert (tmp_path / "sys/bus/pci/devices" / gpu.pci_bus_id).is_symlink()
+
+
+def test_driver_files_and_device_nodes_are_as_a_real_drivers(tmp_path: Path) -> None:
+    profile = load_profile("dgx-h100")
+    lay_out_host(profile, tmp_path)
+    lay_out_host(profile, tmp_path)  # a second start finds everything in place
+    lib = tmp_path / "driver-root/usr/lib/x86_64-linux-gnu"
+    version = profile.driver_version
+    assert os.readlink(lib / "libcuda.so.1") == f"libcuda.so.{version}"
+    assert os.readlink(lib / "libcuda.so") == "libcuda.so.1"
+    assert os.readlink(lib / "libnvidia-ml.so.1") == f"libnvidia-ml.so.{version}"
+    for prefix, soname in DRIVER_LIBRARIES:
+        data = (lib / f"{prefix}.{version}").read_bytes()
+        assert data[:4] == b"\x7fELF" and soname.encode() + b"\0" in data
+    if shutil.which("readelf"):
+        dynamic = subprocess.run(
+            ["readelf", "-d", str(lib / f"libcuda.so.{version}")],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert "Library soname: [libcuda.so.1]" in dynamic
+    node = os.stat(tmp_path / "dev/nvidia3")
+    if os.geteuid() == 0:  # mknod: real character devices with the driver's numbers
+        assert stat.S_ISCHR(node.st_mode)
+        assert (os.major(node.st_rdev), os.minor(node.st_rdev)) == (195, 3)
+        uvm = os.stat(tmp_path / "dev/nvidia-uvm").st_rdev
+        assert (os.major(uvm), os.minor(uvm)) == (508, 0)
+    else:
+        assert stat.S_ISREG(node.st_mode)
 
 
 def test_missing_files_are_none(tmp_path: Path) -> None:
