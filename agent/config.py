@@ -27,6 +27,7 @@ from agent.config_values import (
     health_policy,
     host_port,
     ip_address,
+    ldconfig_path,
     seconds_up_to,
     shares_mode,
 )
@@ -42,6 +43,7 @@ DEFAULT_CDI_ROOT = Path("/var/run/cdi")
 MAX_SOCKET_PATH_BYTES = 107
 #: Directory under the plugin data directory where ``--simulate`` lays out its fake host.
 SIMULATED_HOST_DIR = "simulated-host"
+SIMULATED_DRIVER_ROOT = "driver-root"  # in the simulated host's directory
 _MAX_DRIVER_NAME_LENGTH = 63
 #: How partitionable devices are laid out in slices (docs/OPERATIONS.md, "Dynamic MIG"):
 #: ``auto`` reads the API server's version (1.34: ``combined``, one slice per GPU with its
@@ -90,6 +92,8 @@ SETTINGS: tuple[Setting, ...] = (
     # where the agent itself sees the driver root (a container mounts the host's elsewhere)
     Setting("driver-root-mount", "NVIDIA_DRIVER_ROOT_MOUNT", None, is_path=True),
     Setting("host-root", None, None, is_path=True),
+    # the host's ldconfig, run by the common CDI spec's hook in each container ("none": no hook)
+    Setting("ldconfig-path", "GPU_DRA_LDCONFIG_PATH", "/sbin/ldconfig"),
     Setting("simulate", "GPU_DRA_SIMULATE", None),
     Setting("instance-id", "POD_UID", None),
     # health monitoring (docs/ARCHITECTURE.md, "Data flow: a health event")
@@ -158,6 +162,7 @@ class AgentConfig:
     namespace: str = "gpu-dra-agent"  # the driver's namespace (ComputeDomainCliques live there)
     sim_fabric_dir: Path | None = None  # simulated IMEX peers find each other here
     api_timeout_s: float = DEFAULT_API_TIMEOUT_S  # each API call's bound (--api-timeout-seconds)
+    ldconfig_path: str | None = "/sbin/ldconfig"  # the CDI ldcache hook's; None: no hook
 
     @property
     def driver_files(self) -> Path:
@@ -314,11 +319,14 @@ def load_config(
     plugin_dir = plugins_dir / driver.value
     simulated_root = plugin_dir / SIMULATED_HOST_DIR
     roots: dict[str, Path] = {}
-    for key in ("driver-root", "host-root"):
+    for key, simulated in (
+        ("driver-root", simulated_root / SIMULATED_DRIVER_ROOT),
+        ("host-root", simulated_root),
+    ):
         if key in values:
             roots[key] = _absolute(values[key])
         else:
-            roots[key] = simulated_root if simulate is not None else Path("/")
+            roots[key] = simulated if simulate is not None else Path("/")
 
     config = AgentConfig(
         node_name=node.value,
@@ -358,6 +366,7 @@ def load_config(
         api_timeout_s=parse_api_timeout(
             values["api-timeout-seconds"].value, values["api-timeout-seconds"].source
         ),
+        ldconfig_path=ldconfig_path(values["ldconfig-path"]),
     )
     _check_socket_length(
         config.dra_socket, f"{values['plugins-dir'].source}, the driver name or the instance id"

@@ -60,6 +60,19 @@ def command(value: Value) -> str:
     return text
 
 
+def ldconfig_path(value: Value) -> str | None:
+    """``--ldconfig-path``: an absolute path on the host, or ``none`` (no ldcache hook)."""
+    text = value.value.strip()
+    if text.lower() in ("none", ""):
+        return None
+    if not text.startswith("/") or any(c.isspace() for c in text):
+        raise ConfigError(
+            f"{value.source} {value.value!r} is not an absolute path without spaces (the "
+            "host's ldconfig, e.g. /sbin/ldconfig) or none"
+        )
+    return text
+
+
 def seconds_up_to(value: Value, maximum: float) -> float:
     try:
         seconds = float(value.value)

@@ -158,6 +158,7 @@ async def start_engine(
         adopt_mig_instances=config.adopt_mig_instances,
         effectors=effectors,
         sharing=True,
+        ldconfig_path=config.ldconfig_path,
     )
     report = await engine.start()
     stack.push_async_callback(engine.close)

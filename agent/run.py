@@ -53,7 +53,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     add(
         "--driver-root",
         help="where the NVIDIA driver files are [NVIDIA_DRIVER_ROOT] (default: /, or the "
-        "simulated host's directory with --simulate)",
+        "simulated host's driver-root directory with --simulate)",
     )
     add(
         "--driver-root-mount",
@@ -64,6 +64,13 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--host-root",
         help="where the host's /proc and /sys are (default: /, or <plugins-dir>/<driver>/"
         "simulated-host with --simulate)",
+    )
+    add(
+        "--ldconfig-path",
+        help="the host's ldconfig, which the common CDI spec's createContainer hook runs on "
+        "each GPU container's root file system (ldconfig -r) so that its loader cache lists "
+        "the driver libraries; needs /bin/sh on the host; none: no hook "
+        "[GPU_DRA_LDCONFIG_PATH] (default: /sbin/ldconfig)",
     )
     add(
         "--simulate",

@@ -16,10 +16,15 @@ CDI specs (Container Device Interface). The agent writes two kinds, both of kind
   ``<claimUID>-<deviceName>`` per prepared device: ``/dev/nvidia<minor>`` and, for a MIG
   device, the GPU-instance and compute-instance capability nodes
   ``/dev/nvidia-caps/nvidia-cap<N>`` as char devices with explicit major and minor, so
-  the runtime creates them in the container even where the host lacks the node files; for a
+  the runtime creates them in the container even where the host lacks the node files (the
+  GPU's own node too: its major is the driver's fixed 195, its minor the GPU's); for a
   device shared through MPS (``agent.sharing``) also ``CUDA_MPS_PIPE_DIRECTORY`` and
   ``CUDA_MPS_LOG_DIRECTORY`` and read-write mounts of the daemon's pipe, log and shm
   directories (``mps_edits``).
+
+The common device also carries a ``createContainer`` hook (:func:`ldcache_hook`) that runs the
+host's ``ldconfig`` on the container's root file system, so that the dynamic loader's cache of
+the container lists the driver libraries the spec mounts (``ldconfig -p`` shows libcuda.so.1).
 
 Claim UIDs are checked to be canonical UUIDs before any name or path is built from them: a
 UID such as ``../../etc`` must never reach the file system.
@@ -137,6 +142,10 @@ class MpsDirectories:
     shm_dir: str
 
 
+#: The major of every ``/dev/nvidia<minor>`` node (and nvidiactl, 255): the NVIDIA kernel
+#: module registers it statically (NV_MAJOR_DEVICE_NUMBER), ``nvidia-frontend`` in /proc/devices.
+NVIDIA_MAJOR = 195
+
 MPS_PIPE_PATH = "/tmp/nvidia-mps"
 MPS_LOG_PATH = "/var/log/nvidia-mps"
 MPS_MOUNT_OPTIONS = ("rw", "nosuid", "nodev", "bind")
@@ -220,15 +229,24 @@ def claim_device_id(driver: str, claim_uid: str, device_name: str) -> str:
 
 
 def common_spec(
-    driver: str, control_nodes: Sequence[str], mounts: Iterable[tuple[str, str]]
+    driver: str,
+    control_nodes: Sequence[str | DeviceNode],
+    mounts: Iterable[tuple[str, str]],
+    hooks: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The common spec: existing control device nodes and (host, container) driver mounts."""
+    """The common spec: existing control device nodes (a path alone: the runtime reads the
+    host's node), (host, container) driver mounts and the hooks that go with them."""
     edits: dict[str, Any] = {}
     if control_nodes:
-        edits["deviceNodes"] = [DeviceNode(path).to_dict() for path in control_nodes]
+        edits["deviceNodes"] = [
+            (DeviceNode(node) if isinstance(node, str) else node).to_dict()
+            for node in control_nodes
+        ]
     mount_list = [Mount(host, container).to_dict() for host, container in mounts]
     if mount_list:
         edits["mounts"] = mount_list
+        if hooks:
+            edits["hooks"] = [dict(hook) for hook in hooks]
     if not edits:
         raise CdiSpecError(
             f"the common CDI spec of {driver} would be empty: no control device node "
@@ -240,7 +258,11 @@ def common_spec(
 
 def claim_device_nodes(device: ClaimDevice) -> list[DeviceNode]:
     """The device nodes of one prepared device, in a fixed order."""
-    nodes = [DeviceNode(f"/dev/nvidia{device.gpu_minor}")]
+    nodes = [
+        DeviceNode(
+            f"/dev/nvidia{device.gpu_minor}", type="c", major=NVIDIA_MAJOR, minor=device.gpu_minor
+        )
+    ]
     if device.mig is not None:
         for minor in (device.mig.gi_minor, device.mig.ci_minor):
             nodes.append(
@@ -271,6 +293,36 @@ def claim_spec(driver: str, claim_uid: str, devices: Sequence[ClaimDevice]) -> d
     if len(set(names)) != len(names):
         raise CdiSpecError(f"claim {claim_uid} lists a device twice: {sorted(names)}")
     return _spec(driver, entries)
+
+
+#: The ldcache hook's script, run by the host's ``/bin/sh`` as an OCI ``createContainer``
+#: hook: in the container's mount namespace, before ``pivot_root``, with the container's root
+#: file system (its CDI mounts in place) as the working directory (where runc runs
+#: createContainer hooks; seen with runc 1.1.5, make test-runtime). ``ldconfig -r`` chroots into it first, so the container's
+#: ``/etc/ld.so.conf`` and files are read and its ``/etc/ld.so.cache`` written, nothing of
+#: the host's. It never fails the container: without ldconfig, or outside a container root,
+#: it says so on stderr and exits 0 (the libraries are mounted either way).
+LDCACHE_SCRIPT = (
+    'ldconfig=$1; shift; root=$(pwd -P) || exit 0; if [ "$root" = / ]; then '
+    'echo "update-ldcache: not run in a container root file system; skipped" >&2; exit 0; fi; '
+    'if [ ! -x "$ldconfig" ]; then echo "update-ldcache: $ldconfig is not on this host; '
+    'skipped" >&2; exit 0; fi; "$ldconfig" -r "$root" "$@" || echo "update-ldcache: '
+    '$ldconfig -r $root failed; the driver libraries are mounted but not in the cache" >&2; '
+    "exit 0"
+)
+LDCACHE_HOOK_NAME = "gpu-dra-agent-update-ldcache"
+
+
+def ldcache_hook(ldconfig: str, directories: Sequence[str]) -> dict[str, Any]:
+    """The hook that adds ``directories`` (container paths of the mounted driver libraries)
+    to the container's loader cache with the host's ``ldconfig`` (an absolute path)."""
+    if not ldconfig.startswith("/"):
+        raise CdiSpecError(f"ldconfig path {ldconfig!r} is not absolute")
+    return {
+        "hookName": "createContainer",
+        "path": "/bin/sh",
+        "args": ["sh", "-c", LDCACHE_SCRIPT, LDCACHE_HOOK_NAME, ldconfig, *directories],
+    }
 
 
 def mps_edits(mps: MpsDirectories) -> dict[str, Any]:

@@ -136,11 +136,14 @@ class PrepareEngine:
         adopt_mig_instances: bool = False,
         effectors: Sequence[DeviceEffector] = (),
         sharing: bool = False,
+        ldconfig_path: str | None = None,
     ) -> None:
         """``dynamic_mig``: partitionable GPUs offer their MIG placements as devices, which
         an effector of ``effectors`` (``agent.mig``) makes on prepare; instances it did not
         make are static devices unless ``adopt_mig_instances``. ``sharing``: an
-        effector applies sharing configs (``agent.sharing``); else they are refused."""
+        effector applies sharing configs (``agent.sharing``); else they are refused.
+        ``ldconfig_path``: the host's ldconfig, for the common CDI spec's ldcache hook
+        (``HostFacts.read``); None: no hook."""
         self.driver = driver
         self.pool = node_name
         self._inventory = inventory
@@ -153,6 +156,7 @@ class PrepareEngine:
         self._dynamic_mig = dynamic_mig
         self._adopt_mig = adopt_mig_instances
         self._sharing = sharing
+        self._ldconfig = ldconfig_path
         self._effects = Effects(effectors)
         self._store = CheckpointStore(self._plugin_dir, boot_id)
         self._specs = CdiSpecDirectory(Path(cdi_root), driver)
@@ -199,6 +203,7 @@ class PrepareEngine:
                     self._driver_root,
                     self._driver_files,
                     dynamic_mig=dynamic,
+                    ldconfig=self._ldconfig,
                 )
             )
             checkpoint, report = await reconcile(

@@ -12,6 +12,7 @@ control device nodes and driver files that exist on the host).
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,11 +55,14 @@ class HostFacts:
         driver_files: Path | None = None,
         *,
         dynamic_mig: bool | DynamicMig = False,
+        ldconfig: str | None = None,
     ) -> HostFacts:
         """Read ``/proc`` under ``host_root`` and the driver's files under ``driver_files``
         (where this process sees the driver root; default ``driver_root``), naming them in the
         common CDI spec by their host paths under ``driver_root`` (blocking). ``dynamic_mig``:
-        partitionable GPUs offer their MIG placements (``node_devices``)."""
+        partitionable GPUs offer their MIG placements (``node_devices``). ``ldconfig``: the
+        host's ldconfig, run by the common spec's hook on every container's root file system
+        (``cdi.ldcache_hook``); None: no hook."""
         host = HostFiles(host_root)
         devices = node_devices(inventory, dynamic_mig=dynamic_mig)
         caps_major = host.device_majors().get("nvidia-caps")
@@ -85,11 +89,12 @@ class HostFacts:
                 )
                 continue
             mig[name] = MigInstance(device.gpu.uuid, gi, ci, caps_major, gi_minor, ci_minor)
-        common = cdi.common_spec(
-            driver,
-            _control_nodes(host_root),
-            _driver_mounts(Path(driver_files or driver_root), Path(driver_root)),
+        mounts = _driver_mounts(Path(driver_files or driver_root), Path(driver_root))
+        library_dirs = sorted(
+            {c.rpartition("/")[0] for _, c in mounts if not c.startswith(f"/{BINARY_DIR}/")}
         )
+        hooks = [cdi.ldcache_hook(ldconfig, library_dirs)] if ldconfig and library_dirs else []
+        common = cdi.common_spec(driver, _control_nodes(host_root), mounts, hooks)
         return cls(driver, pool, devices, mig, problems, common)
 
     def prepared_device(self, claim_uid: str, planned: PlannedDevice) -> PreparedDevice:
@@ -140,25 +145,49 @@ def claim_spec(driver: str, claim_uid: str, devices: tuple[PreparedDevice, ...])
     return cdi.claim_spec(driver, claim_uid, [device.cdi_device() for device in devices])
 
 
-def _control_nodes(host_root: Path) -> list[str]:
-    return [f"/dev/{name}" for name in CONTROL_NODES if (host_root / "dev" / name).exists()]
+def _control_nodes(host_root: Path) -> list[cdi.DeviceNode]:
+    """The control nodes under ``host_root``/dev; a character device with its numbers, so the
+    runtime makes it in the container without looking for it on its own host (a path alone
+    otherwise: the runtime reads the host's node, as for any other file)."""
+    nodes = []
+    for name in CONTROL_NODES:
+        try:
+            found = os.stat(host_root / "dev" / name)
+        except OSError:
+            continue
+        path = f"/dev/{name}"
+        if stat.S_ISCHR(found.st_mode):
+            major, minor = os.major(found.st_rdev), os.minor(found.st_rdev)
+            nodes.append(cdi.DeviceNode(path, type="c", major=major, minor=minor))
+        else:
+            nodes.append(cdi.DeviceNode(path))
+    return nodes
 
 
 def _driver_mounts(seen_at: Path, on_host: Path) -> list[tuple[str, str]]:
     """(host path, container path) of the driver's libraries and tools.
 
     They are looked for under ``seen_at`` (where this process sees the driver root) and named
-    under ``on_host``: the container runtime reads the CDI spec on the host.
+    under ``on_host``: the container runtime reads the CDI spec on the host. A symlink
+    (``libcuda.so.1 -> libcuda.so.<version>``) is mounted as the file it names, under its own
+    name, so the loader finds the soname without a symlink hook; one that leaves the driver
+    root or names nothing is left out.
     """
     mounts: list[tuple[str, str]] = []
+    top = os.path.realpath(seen_at)
     for relative in LIBRARY_DIRS:
         try:
             names = sorted(os.listdir(seen_at / relative))
         except OSError:
             continue
         for name in names:
-            if name.startswith(LIBRARY_PREFIXES) and ".so" in name:
-                mounts.append((str(on_host / relative / name), f"/{relative}/{name}"))
+            if not (name.startswith(LIBRARY_PREFIXES) and ".so" in name):
+                continue
+            target = os.path.realpath(seen_at / relative / name)
+            if os.path.commonpath([top, target]) != top or not os.path.isfile(target):
+                continue
+            host = on_host / os.path.relpath(target, top)
+            mounts.append((str(host), f"/{relative}/{name}"))
     for name in BINARIES:
         if (seen_at / BINARY_DIR / name).is_file():
             mounts.append((str(on_host / BINARY_DIR / name), f"/{BINARY_DIR}/{name}"))

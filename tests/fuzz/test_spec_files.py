@@ -32,7 +32,12 @@ def _spec(uid: str) -> dict[str, Any]:
         "cdiVersion": "0.6.0",
         "kind": f"k8s.{DRIVER}/claim",
         "devices": [
-            {"name": f"{uid}-gpu-0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}}
+            {
+                "name": f"{uid}-gpu-0",
+                "containerEdits": {
+                    "deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
+                },
+            }
         ],
     }
 

@@ -84,7 +84,7 @@ def test_environment_variables_are_read() -> None:
 def test_simulate_puts_host_and_driver_root_under_the_plugin_dir() -> None:
     config = load_config(flags(node_name="n", simulate="dgx-h100", plugins_dir="/p"), {})
     assert config.host_root == Path("/p/gpu.nvidia.com/simulated-host")
-    assert config.driver_root == config.host_root
+    assert config.driver_root == config.host_root / "driver-root"  # lay_out_host puts it there
     given = load_config(flags(node_name="n", simulate="dgx-h100", host_root="/h"), {})
     assert given.host_root == Path("/h")
 

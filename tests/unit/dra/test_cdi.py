@@ -65,11 +65,13 @@ def test_gpu_and_mig_claim_spec() -> None:
     gpu_entry, mig_entry = spec["devices"]
     assert gpu_entry == {
         "name": f"{UID_LETTER}-gpu-0",
-        "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]},
+        "containerEdits": {
+            "deviceNodes": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]
+        },
     }
     assert mig_entry["name"] == f"{UID_LETTER}-gpu-1-mig-1g10gb-19-3"
     assert mig_entry["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia1"},
+        {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1},
         {"path": "/dev/nvidia-caps/nvidia-cap39", "type": "c", "major": 508, "minor": 39},
         {"path": "/dev/nvidia-caps/nvidia-cap40", "type": "c", "major": 508, "minor": 40},
     ]
@@ -180,3 +182,27 @@ def test_missing_schema_fails_with_install_hint(
     finally:
         cdi_schema._validator.cache_clear()
     assert issubclass(cdi_schema.CdiSchemaMissing, AssertionError)  # a failure, never a skip
+
+
+def test_common_spec_with_numbered_control_nodes_and_the_ldcache_hook() -> None:
+    hook = cdi.ldcache_hook("/sbin/ldconfig", ["/usr/lib/x86_64-linux-gnu"])
+    spec = cdi.common_spec(
+        DRIVER,
+        [cdi.DeviceNode("/dev/nvidiactl", type="c", major=195, minor=255)],
+        [("/d/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1")],
+        [hook],
+    )
+    assert_valid_cdi_spec(spec)
+    assert spec["cdiVersion"] == "0.3.0"  # hooks are in every version
+    edits = spec["devices"][0]["containerEdits"]
+    assert edits["deviceNodes"] == [
+        {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}
+    ]
+    assert edits["hooks"] == [hook]
+    assert hook["hookName"] == "createContainer" and hook["path"] == "/bin/sh"
+    assert hook["args"][-2:] == ["/sbin/ldconfig", "/usr/lib/x86_64-linux-gnu"]
+    # no mounts: nothing for ldconfig to find, so no hook either
+    alone = cdi.common_spec(DRIVER, ["/dev/nvidiactl"], [], [hook])
+    assert "hooks" not in alone["devices"][0]["containerEdits"]
+    with pytest.raises(cdi.CdiSpecError, match="not absolute"):
+        cdi.ldcache_hook("ldconfig", [])

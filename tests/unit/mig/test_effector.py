@@ -125,7 +125,7 @@ async def test_two_placements_concurrently_then_clear_errors_then_nothing_left(
         nodes = mig.node.spec(first.uid)["devices"][0]["containerEdits"]["deviceNodes"]
         ci = gi.compute_instances[0].id
         assert nodes == [
-            {"path": "/dev/nvidia0"},
+            {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0},
             {
                 "path": f"/dev/nvidia-caps/nvidia-cap{gi_capability_minor(0, gi.id)}",
                 "type": "c",

@@ -30,7 +30,9 @@ async def test_prepare_one_gpu(node: Node, engine: PrepareEngine) -> None:
     assert spec["kind"] == f"k8s.{DRIVER}/claim"
     (cdi_device,) = spec["devices"]
     assert cdi_device["name"] == f"{ref.uid}-gpu-3"
-    assert cdi_device["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}]
+    assert cdi_device["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}
+    ]
     on_disk = node.checkpoint_claims()[ref.uid]
     assert on_disk["state"] == "PrepareCompleted"
     assert [d["device"] for d in on_disk["devices"]] == ["gpu-3"]
@@ -202,7 +204,7 @@ async def test_static_mig_device_nodes_come_from_the_host_files(a100_node: Node)
         gi_minor = _minor(gi_dir / "access")
         ci_minor = _minor(gi_dir / "ci0/access")
         assert nodes == [
-            {"path": "/dev/nvidia4"},
+            {"path": "/dev/nvidia4", "type": "c", "major": 195, "minor": 4},
             {"path": f"/dev/nvidia-caps/nvidia-cap{gi_minor}", "type": "c", "major": 510,
              "minor": gi_minor},
             {"path": f"/dev/nvidia-caps/nvidia-cap{ci_minor}", "type": "c", "major": 510,

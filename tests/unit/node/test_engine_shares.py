@@ -35,7 +35,9 @@ async def test_three_shares_of_one_gpu_at_once(node: Node, engine: PrepareEngine
         assert device.cdi_device_ids[1] == f"k8s.{DRIVER}/claim={cdi_name}"
         (entry,) = node.spec(ref.uid)["devices"]
         assert entry["name"] == cdi_name
-        assert entry["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia0"}]
+        assert entry["containerEdits"]["deviceNodes"] == [
+            {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}
+        ]
         recorded = node.checkpoint_claims()[ref.uid]["devices"][0]
         assert recorded["shareID"] == allocated.share_id
         assert recorded["consumedCapacity"] == allocated.consumed

@@ -100,5 +100,7 @@ def test_the_cdi_spec_of_an_mps_device_gives_the_pipe_log_and_shm() -> None:
             "options": ["rw", "nosuid", "nodev", "bind"],
         },
     ]
-    assert alone == {"deviceNodes": [{"path": "/dev/nvidia1"}]}  # unchanged without MPS
+    assert alone == {
+        "deviceNodes": [{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}]
+    }  # unchanged without MPS
     assert spec["cdiVersion"] == "0.3.0"  # env and untyped mounts need nothing newer
