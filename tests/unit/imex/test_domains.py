@@ -19,30 +19,46 @@ CLIQUE = "6f1a3c2e-9b4d-4e7a-8c21-3d5f7a9b1c0e.32766"
 async def test_eight_concurrent_joins_get_unique_indices(
     apiserver: EmbeddedApiServer, api_client: Any
 ) -> None:
-    ref = domain_ref(apiserver.put_object(compute_domain()))
-    apis = [DomainApi(api_client) for _ in range(8)]
-    results: dict[str, int] = {}
+    # Eight joins at once usually race (409s); a loaded machine may run them one after
+    # another, so up to five domains are tried: every one must end with unique indices, and
+    # at least one must have raced, or the test proves nothing.
+    raced = 0
+    for attempt in range(5):
+        name = f"cd-{attempt}"
+        ref = domain_ref(apiserver.put_object(compute_domain(name)))
+        apis = [DomainApi(api_client) for _ in range(8)]
+        results: dict[str, int] = {}
 
-    async def join(number: int) -> None:
-        entry, added = await apis[number].join(ref, f"tray-{number}", f"10.0.0.{number}", CLIQUE)
-        assert added
-        results[entry.name] = entry.index
+        async def join(
+            number: int,
+            ref: Any = ref,
+            apis: list[DomainApi] = apis,
+            results: dict[str, int] = results,
+        ) -> None:
+            entry, added = await apis[number].join(
+                ref, f"tray-{number}", f"10.0.0.{number}", CLIQUE
+            )
+            assert added
+            results[entry.name] = entry.index
 
-    async with anyio.create_task_group() as group:
-        for number in range(8):
-            group.start_soon(join, number)
-    stored = apiserver.get_object("computedomains", "cd", "default")
-    assert stored is not None
-    entries = node_entries(stored)
-    assert sorted(e.index for e in entries) == list(range(8))
-    assert {e.name: e.index for e in entries} == results
-    assert all(e.status == "NotReady" and e.clique == CLIQUE for e in entries)
-    assert sum(api.conflicts for api in apis) > 0, "the joins never raced: the test proves nothing"
+        async with anyio.create_task_group() as group:
+            for number in range(8):
+                group.start_soon(join, number)
+        stored = apiserver.get_object("computedomains", name, "default")
+        assert stored is not None
+        entries = node_entries(stored)
+        assert sorted(e.index for e in entries) == list(range(8))
+        assert {e.name: e.index for e in entries} == results
+        assert all(e.status == "NotReady" and e.clique == CLIQUE for e in entries)
+        raced += sum(api.conflicts for api in apis)
+        if raced:
+            break
+    assert raced > 0, "the joins never raced in five tries: the test proves nothing"
     # joining again is idempotent: same index, nothing written
     version = stored["metadata"]["resourceVersion"]
     entry, added = await apis[3].join(ref, "tray-3", "10.0.0.3", CLIQUE)
     assert (entry.index, added) == (results["tray-3"], False)
-    again = apiserver.get_object("computedomains", "cd", "default")
+    again = apiserver.get_object("computedomains", name, "default")
     assert again is not None and again["metadata"]["resourceVersion"] == version
 
 
