@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # agent package again (about 0.15 s of CPU a start; an installed agent has its .pyc files).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test lint proto bench soak fleet clean tools cdi-schema prometheus image image-tools test-image
+.PHONY: demo test lint proto bench soak fleet clean tools cdi-schema prometheus image image-tools test-image test-runtime
 
 # Files the tests take from Debian's packages live in a cache inside the checkout, fetched
 # without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
@@ -57,8 +57,8 @@ $(PROMTOOL):
 # TEST_WORKERS=0 runs the first part in one process too (pytest-xdist's -n 0).
 TEST_WORKERS ?= 6
 test: tools $(STAMP) $(CDI_SCHEMA) $(PROMTOOL)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m 'not image and not serial'
-	$(BIN)/python -m pytest -q -m 'serial and not image'
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m 'not image and not runtime and not serial'
+	$(BIN)/python -m pytest -q -m 'serial and not image and not runtime'
 
 ## image-tools: Debian's mmdebstrap, buildah, podman, runc and uidmap (make image, test-image)
 # Installed with apt-get when running as root and one is missing; otherwise the command is printed.
@@ -82,6 +82,11 @@ image: image-tools
 ## test-image: build the image, run it with podman as the DaemonSet does (pytest -m image)
 test-image: image-tools tools $(STAMP)
 	$(BIN)/python -m pytest -q -m image
+
+## test-runtime: every kind of claim's CDI devices injected by podman into a container and
+## checked from inside it (pytest -m runtime; root, podman, runc, mmdebstrap: make image-tools)
+test-runtime: image-tools tools $(STAMP)
+	$(BIN)/python -m pytest -q -m runtime tests/runtime
 
 ## lint: ruff (lint and format) and mypy --strict
 lint: $(STAMP)
