@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # agent package again (about 0.15 s of CPU a start; an installed agent has its .pyc files).
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: demo test lint proto bench soak fleet clean tools cdi-schema prometheus image image-tools test-image test-runtime
+.PHONY: demo test lint proto bench soak fleet clean tools cdi-schema prometheus image image-tools test-image test-runtime openapi
 
 # Files the tests take from Debian's packages live in a cache inside the checkout, fetched
 # without root by scripts/fetch_deb_files.sh (apt-get download + dpkg -x). CACHE_DIR can
@@ -97,6 +97,11 @@ lint: $(STAMP)
 ## proto: regenerate agent/_proto from proto/
 proto: $(STAMP)
 	$(BIN)/python scripts/generate_proto.py
+
+## openapi: regenerate the embedded API server's OpenAPI schemas (agent/sim/apiserver/schemas)
+## from kubernetes-validate's and the CRDs in deploy/ (`--check`: exit 1 when they are stale)
+openapi: $(STAMP)
+	$(BIN)/python scripts/generate_openapi.py
 
 ## bench: every registered benchmark, one table (see docs/PERFORMANCE.md)
 bench: $(STAMP)

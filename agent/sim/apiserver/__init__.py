@@ -21,16 +21,19 @@ Implemented:
     a request log;
   * an opt-in max-in-flight limit answering 429 with ``Retry-After`` (watches hold no seat), request
     counts by verb, resource and status, and a restart that keeps the objects (:mod:`.limits`; over
-    HTTP ``GET /debug/embedded/requests``, ``POST /debug/embedded/restart``).
+    HTTP ``GET /debug/embedded/requests``, ``POST /debug/embedded/restart``);
+  * for kubectl: OpenAPI v2 and v3 (:mod:`.openapi`, schemas in :mod:`.schema_index`), field
+    validation (``fieldValidation``, :mod:`.fieldcheck`), server-side printing (``as=Table``,
+    :mod:`.tables`) and server-side apply (:mod:`.apply`).
 
-Not implemented: authentication, authorization and RBAC (the token is ignored); admission; OpenAPI
-schema validation and defaulting (only names, ResourceSlice required/immutable fields, the
-capacities' request policies as kube-apiserver checks them (:mod:`.policies`), kind and namespace are
-checked); graceful deletion periods and foreground/orphan propagation (finalizers are honoured: a
+Not implemented: authentication, authorization and RBAC (the token is ignored); admission; schema
+validation of values and defaulting (only names, unknown fields, ResourceSlice required/immutable
+fields, the capacities' request policies as kube-apiserver checks them (:mod:`.policies`), kind and
+namespace are checked); graceful deletion periods and foreground/orphan propagation (finalizers are honoured: a
 delete marks ``deletionTimestamp``, removing the last finalizer completes it); feature gates
-(no fields are dropped); server-side apply (``application/apply-patch+yaml`` is 415); strategic-merge
-list merging by key and ``$patch`` directives; ``resourceVersion``/``resourceVersionMatch`` on LIST
-(always the latest state); dry run; field managers; label-selector ``>``/``<``; namespaces as objects
+(no fields are dropped); strategic-merge list merging by key and ``$patch`` directives;
+``resourceVersion``/``resourceVersionMatch`` on LIST (always the latest state); dry run; managed
+fields of writes other than server-side apply; label-selector ``>``/``<``; namespaces as objects
 (any namespace exists); protobuf; TLS; HTTP/2; the watch cache's server-side timeouts.
 """
 

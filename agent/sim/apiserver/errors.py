@@ -15,6 +15,7 @@ REASONS: dict[int, str] = {
     400: "BadRequest",
     404: "NotFound",
     405: "MethodNotAllowed",
+    406: "NotAcceptable",
     409: "Conflict",
     410: "Expired",
     415: "UnsupportedMediaType",
@@ -43,6 +44,8 @@ class ApiError(Exception):
         group: str | None = None,
         kind: str | None = None,
         headers: dict[str, str] | None = None,
+        causes: list[Obj] | None = None,
+        bare: bool = False,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -52,10 +55,14 @@ class ApiError(Exception):
         self.group = group
         self.kind = kind
         self.headers = headers or {}
+        #: ``details.causes`` (field-level reasons, e.g. server-side apply's conflicts)
+        self.causes = causes or []
+        #: a plain error kube-apiserver answers without a ``reason`` (its code 500s)
+        self.bare = bare
 
     def status(self) -> Obj:
         """The ``Status`` object for this failure, as the apiserver serializes it."""
-        return status_body(
+        body = status_body(
             self.code,
             self.reason,
             self.message,
@@ -63,6 +70,11 @@ class ApiError(Exception):
             group=self.group,
             kind=self.kind,
         )
+        if self.causes:
+            body.setdefault("details", {})["causes"] = self.causes
+        if self.bare:
+            body.pop("reason", None)
+        return body
 
 
 def status_body(

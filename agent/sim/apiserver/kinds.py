@@ -148,13 +148,18 @@ DEFAULT_KINDS: tuple[ResourceKind, ...] = (
     ),
     ResourceKind(
         "", "v1", "pods", "Pod", True,
-        status_subresource=True, field_selectors=("spec.nodeName",),
+        status_subresource=True,
+        field_selectors=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
+                         "spec.serviceAccountName", "status.phase", "status.podIP",
+                         "status.nominatedNodeName"),
         validators=(validate_metadata,),
     ),
     ResourceKind(
         "", "v1", "events", "Event", True,
         field_selectors=("involvedObject.name", "involvedObject.kind", "involvedObject.uid",
-                         "reason", "type"),
+                         "involvedObject.namespace", "involvedObject.apiVersion",
+                         "involvedObject.resourceVersion", "involvedObject.fieldPath",
+                         "reason", "reportingComponent", "type"),
         validators=(validate_metadata,),
     ),
     ResourceKind(

@@ -16,7 +16,13 @@ from agent.sim.apiserver.errors import ApiError
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply: agent.sim.apiserver.apply
 SUPPORTED_PATCH_TYPES = (JSON_PATCH, MERGE_PATCH, STRATEGIC_MERGE_PATCH)
+
+
+def media_type(content_type: str) -> str:
+    """The media type of a ``Content-Type`` (parameters such as ``charset`` dropped)."""
+    return content_type.split(";")[0].strip().lower()
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -129,14 +135,26 @@ def json_patch(target: Any, operations: Any) -> Any:
     return doc
 
 
+def _without_directives(patch: Any) -> Any:
+    """A strategic merge patch without its ``$`` directives (kubectl's ``$setElementOrder/...``
+    and ``$retainKeys`` only order and prune lists), which must not be stored as fields."""
+    if isinstance(patch, dict):
+        return {k: _without_directives(v) for k, v in patch.items() if not k.startswith("$")}
+    if isinstance(patch, list):
+        return [_without_directives(item) for item in patch]
+    return patch
+
+
 def apply_patch(content_type: str, target: Any, body: Any) -> Any:
     """Dispatch on the request's ``Content-Type`` (parameters such as ``charset`` ignored)."""
-    media = content_type.split(";")[0].strip().lower()
+    media = media_type(content_type)
     if media == JSON_PATCH:
         return json_patch(target, body)
     if media in (MERGE_PATCH, STRATEGIC_MERGE_PATCH):
         if not isinstance(body, dict):
             raise ApiError(400, "merge patch: the body must be a JSON object")
+        if media == STRATEGIC_MERGE_PATCH:
+            body = _without_directives(body)
         return merge_patch(target, body)
     raise ApiError(
         415,

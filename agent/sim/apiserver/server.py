@@ -32,6 +32,7 @@ from agent.sim.apiserver.limits import (
     resource_of,
     verb_of,
 )
+from agent.sim.apiserver.openapi import OpenApi
 from agent.sim.apiserver.selectors import Selector
 from agent.sim.apiserver.store import ObjectStore
 from agent.sim.apiserver.watch import WatchHub, parse_bool
@@ -83,8 +84,11 @@ class EmbeddedApiServer:
         self._restarts: set[asyncio.Task[None]] = set()
         self.watches = WatchHub()
         self.token = token
-        self._handlers = ResourceHandlers(self.store, self.watches, bookmark_interval)
         self._discovery = Discovery(self.kinds, kubernetes_version)
+        self._openapi = OpenApi(self.kinds, self._discovery.version["gitVersion"])
+        self._handlers = ResourceHandlers(
+            self.store, self.watches, bookmark_interval, self._openapi.release
+        )
         self._runner: web.AppRunner | None = None
         self._url: str | None = None
 
@@ -112,6 +116,7 @@ class EmbeddedApiServer:
         app.router.add_get(DEBUG_OBJECTS, self._serve_objects)
         app.router.add_post(DEBUG_SHED, self._serve_shed)
         self._discovery.add_routes(app.router)
+        self._openapi.add_routes(app.router)
         self._handlers.add_routes(app.router, self.kinds)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()

@@ -168,6 +168,8 @@ class ObjectStore:
             for field_name in _SERVER_FIELDS:
                 if field_name in old["metadata"]:
                     meta[field_name] = old["metadata"][field_name]
+            if "managedFields" not in meta and "managedFields" in old["metadata"]:
+                meta["managedFields"] = old["metadata"]["managedFields"]  # omitted: kept
             if kind.status_subresource:
                 obj.pop("status", None)
                 if "status" in old:

@@ -14,7 +14,7 @@ import asyncio
 import copy
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,11 +126,17 @@ def _bookmark(kind: ResourceKind, rv: int, initial_end: bool = False) -> Obj:
     return {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": meta}
 
 
+Transform = Callable[[Obj], Obj]
+
+
 class _Stream:
-    def __init__(self, response: web.StreamResponse) -> None:
+    def __init__(self, response: web.StreamResponse, transform: Transform | None) -> None:
         self.response = response
+        self.transform = transform
 
     async def send(self, type_: str, obj: Obj) -> None:
+        if self.transform is not None and type_ in ("ADDED", "MODIFIED", "DELETED"):
+            obj = self.transform(obj)  # a Table of one row, for kubectl get -w
         line = json.dumps({"type": type_, "object": obj}, separators=(",", ":")) + "\n"
         await self.response.write(line.encode())
 
@@ -142,6 +148,7 @@ async def serve_watch(
     kind: ResourceKind,
     selector: Selector,
     bookmark_interval: float,
+    transform: Transform | None = None,
 ) -> web.StreamResponse:
     query = request.query
     since = query.get("resourceVersion", "")
@@ -177,7 +184,7 @@ async def serve_watch(
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         response.enable_chunked_encoding()
         await response.prepare(request)
-        stream = _Stream(response)
+        stream = _Stream(response, transform)
         if expired is not None:
             await stream.send("ERROR", expired.status())
             return response

@@ -66,7 +66,7 @@ async def test_status_bodies(http: aiohttp.ClientSession) -> None:
     assert (status, body["reason"]) == (404, "NotFound")
     status, body = await call(http, "POST", f"{SLICES}/s1")
     assert (status, body["reason"]) == (405, "MethodNotAllowed")
-    status, body = await call(http, "PATCH", f"{SLICES}/s1", {}, "application/apply-patch+yaml")
+    status, body = await call(http, "PATCH", f"{SLICES}/s1", {}, "application/yaml")
     assert status == 415
     status, body = await call(http, "GET", SLICES, fieldSelector="spec.bogus=1")
     assert (status, body["reason"]) == (400, "BadRequest")
