@@ -4,7 +4,10 @@ Without a scheduler, tests and the demo used to write ``status.allocation`` nami
 hand; with selectors, dynamic MIG counters and taints that is no longer honest. Here a claim
 is created from its spec (or read back), the node's ResourceSlices, the DeviceClasses and the
 claims already allocated are listed over HTTP, and :mod:`agent.dra.allocator` decides; the
-result is written to the claim's ``status`` subresource as the scheduler writes it.
+result is written to the claim's ``status`` subresource as the scheduler writes it. On an API
+server of 1.36 or newer the scheduler's ``DRADeviceBindingConditions`` gate is on (beta): results
+copy the devices' binding conditions and the allocation gets ``allocationTimestamp``; waiting for
+those conditions is :mod:`agent.sim.binding`'s.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +25,13 @@ import anyio
 from agent.dra.allocator import Outcome, allocate, build_node_state, parse_claim
 from agent.dra.allocator.node import node_selector_matches
 from agent.errors import AgentError
+from agent.kube.rawapi import parse_server_version
 from agent.sim.claims import ClaimCreationError, PodReference
 
 Obj = dict[str, Any]
 RESOURCE = "/apis/resource.k8s.io/v1"
+#: the first release whose scheduler has binding conditions on by default (KEP-5007 beta)
+BINDING_CONDITIONS_SINCE = (1, 36)
 
 
 class AllocationFailedError(AgentError):
@@ -112,6 +119,8 @@ class ClusterView:
     slices: list[Obj]
     classes: dict[str, Obj]
     claims: list[Obj]
+    #: the scheduler's DRADeviceBindingConditions gate, by the API server's release
+    binding_conditions: bool = False
 
 
 def whole_pool(slices: Sequence[Mapping[str, Any]]) -> bool:
@@ -159,6 +168,20 @@ async def _node_labels(session: aiohttp.ClientSession, node_name: str) -> Mappin
     return labels
 
 
+async def binding_conditions_on(session: aiohttp.ClientSession) -> bool:
+    """Whether the cluster's release has binding conditions on (1.36+, where the scheduler's
+    gate is beta and on by default); read from ``/version``, as the scheduler's own release
+    is assumed to be the API server's."""
+    return parse_server_version(await _request(session, "GET", "/version")) >= (
+        BINDING_CONDITIONS_SINCE
+    )
+
+
+def rfc3339_now() -> str:
+    """Now as ``metav1.Time`` writes it (seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 async def read_cluster(session: aiohttp.ClientSession, node_name: str) -> ClusterView:
     slices = (await _request(session, "GET", f"{RESOURCE}/resourceslices"))["items"]
     classes = (await _request(session, "GET", f"{RESOURCE}/deviceclasses"))["items"]
@@ -169,6 +192,7 @@ async def read_cluster(session: aiohttp.ClientSession, node_name: str) -> Cluste
         slices,
         {c["metadata"]["name"]: c for c in classes},
         [c for c in claims if (c.get("status") or {}).get("allocation")],
+        await binding_conditions_on(session),
     )
 
 
@@ -182,7 +206,9 @@ def decide(view: ClusterView, claim: Mapping[str, Any]) -> Outcome:
         node_labels=view.node_labels,
         exclude_claim_uid=uid,
     )
-    return allocate(parse_claim(claim, view.classes), state)
+    return allocate(
+        parse_claim(claim, view.classes), state, binding_conditions=view.binding_conditions
+    )
 
 
 async def allocate_existing_claim(
@@ -214,13 +240,16 @@ async def allocate_existing_claim(
                     f"{node_name} (status.allocation.nodeSelector); a pod using it cannot run here"
                 )
         else:
-            outcome = decide(await read_cluster(session, node_name), claim)
-            if not outcome.fits:
+            view = await read_cluster(session, node_name)
+            outcome = decide(view, claim)
+            if not outcome.fits or outcome.allocation is None:
                 raise AllocationFailedError(
                     f"claim {namespace}/{name} does not fit node {node_name}: "
                     + "; ".join(outcome.reasons)
                 )
             status["allocation"] = outcome.allocation
+            if view.binding_conditions:  # the anchor of the binding timeout (KEP-5007)
+                status["allocation"]["allocationTimestamp"] = rfc3339_now()
         reserved = list(status.get("reservedFor") or [])
         known = {entry.get("uid") for entry in reserved}
         added = [pod.to_reference() for pod in reserved_for if pod.uid not in known]

@@ -3,10 +3,12 @@
 Results in allocation order (request by request; ``request`` is ``<req>/<sub>`` for a
 ``firstAvailable`` subrequest), ``adminAccess`` copied from the request when it sets it,
 ``tolerations`` copied when it has some, ``shareID`` and ``consumedCapacity`` for a device
-allowing multiple allocations (KEP-5075); then the class configs of each request (source
-FromClass, ``requests`` naming the request or chosen subrequest), then the claim's configs
-(source FromClaim, their ``requests`` as written); and a node selector naming the node by
-``metadata.name`` when a device is local to it.
+allowing multiple allocations (KEP-5075), ``bindingConditions`` and ``bindingFailureConditions``
+copied from the device (KEP-5007, when the gate is on); then the class configs of each request
+(source FromClass, ``requests`` naming the request or chosen subrequest), then the claim's
+configs (source FromClaim, their ``requests`` as written); and a node selector naming the node
+by ``metadata.name`` when a device is local to it (or, with binding conditions on, when a device
+says ``bindsToNode``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def allocation_result(
     chosen: Sequence[Allocated],
     node_name: str,
     share_id: Callable[[], str] = lambda: "",
+    *,
+    binding_conditions: bool = False,
 ) -> Obj:
     results = []
     for a in chosen:
@@ -79,6 +83,10 @@ def allocation_result(
                 name: format_quantity(int(amount)) if amount.denominator == 1 else str(amount)
                 for name, amount in a.consumed
             }
+        if binding_conditions:  # KEP-5007: copies, so the device may change meanwhile
+            for key in ("bindingConditions", "bindingFailureConditions"):
+                if a.device.spec.get(key):
+                    result[key] = list(a.device.spec[key])
         results.append(result)
     used = {a.request.parent: a.request for a in chosen}
     configs = [
@@ -94,6 +102,9 @@ def allocation_result(
     if configs:
         devices["config"] = configs
     allocation: Obj = {"devices": devices}
-    if any(a.device.node_local for a in chosen):
+    if any(
+        a.device.node_local or (binding_conditions and a.device.spec.get("bindsToNode") is True)
+        for a in chosen
+    ):
         allocation["nodeSelector"] = node_selector(node_name)
     return allocation

@@ -229,6 +229,7 @@ def allocate(
     share_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     *,
     selected: Callable[[Request], Sequence[NodeDevice]] | None = None,
+    binding_conditions: bool = False,
 ) -> Outcome:
     """Allocate ``claim`` on ``state``'s node; never raises for an unsatisfiable claim.
     ``share_id`` makes the ``shareID`` of each allocation of a shared device (a UUID, as
@@ -236,7 +237,9 @@ def allocate(
     selectors select, in the node's order (a caller that allocates many claims of the same
     shapes, ``sim packing``, remembers them: the devices do not change between claims, and
     the CEL selectors are most of the cost); only those are checked, and the outcome's
-    checks then leave out the devices the selectors turn away."""
+    checks then leave out the devices the selectors turn away. ``binding_conditions`` is
+    the scheduler's ``DRADeviceBindingConditions`` gate (on from 1.36): the results copy the
+    devices' binding conditions and ``bindsToNode`` devices get the node selector."""
     checks = {
         request.name: (
             [check_device(request, device, state) for device in state.devices]
@@ -254,7 +257,9 @@ def allocate(
     if not found:
         return Outcome(False, None, (), tuple(failure_reasons(claim, checks)), checks)
     chosen = tuple(search.chosen)
-    allocation = allocation_result(claim, chosen, state.node_name, share_id)
+    allocation = allocation_result(
+        claim, chosen, state.node_name, share_id, binding_conditions=binding_conditions
+    )
     return Outcome(True, allocation, chosen, (), checks)
 
 

@@ -24,7 +24,7 @@ from agent.sim.kubelet.errors import (
 )
 from agent.sim.kubelet.events import EventKind, KubeletEvent
 from agent.sim.kubelet.health import DeviceHealthRecord, DeviceHealthState, HealthReport
-from agent.sim.kubelet.pods import ClaimSource, PodAdmissionError, PodClaims
+from agent.sim.kubelet.pods import ClaimSource, PodAdmissionError, PodBindingError, PodClaims
 from agent.sim.kubelet.registration import PluginRegistration, RegistrationTimeouts
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "MissingClaimResultError",
     "PluginRegistration",
     "PodAdmissionError",
+    "PodBindingError",
     "PodClaims",
     "RegistrationError",
     "RegistrationTimeouts",

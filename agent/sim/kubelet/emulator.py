@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 
 from agent.node.types import ClaimRef
 from agent.sim.allocation import ApiAccess, access_from_configuration
+from agent.sim.binding import DEFAULT_BINDING_TIMEOUT_S, needs_binding
 from agent.sim.claims import PodReference
 from agent.sim.kubelet.dra_client import DEFAULT_CALL_TIMEOUT
 from agent.sim.kubelet.errors import DraCallError, KubeletEmulatorError
@@ -34,7 +35,14 @@ from agent.sim.kubelet.health import (
     HealthCache,
     HealthReport,
 )
-from agent.sim.kubelet.pods import ClaimSource, PodAdmissionError, PodClaims, admit, release
+from agent.sim.kubelet.pods import (
+    ClaimSource,
+    PodAdmissionError,
+    PodClaims,
+    admit,
+    prebind,
+    release,
+)
 from agent.sim.kubelet.registration import SUPPORTED_HEALTH_SERVICES, RegistrationTimeouts
 from agent.sim.kubelet.sessions import PluginInstance, PluginSessions
 from agent.sim.kubelet.wipe import DEFAULT_WIPE_DELAY, SliceWiper
@@ -171,12 +179,15 @@ class KubeletEmulator(PluginSessions):
         claims: Sequence[ClaimSource],
         *,
         namespace: str = "default",
+        binding_timeout_s: float = DEFAULT_BINDING_TIMEOUT_S,
     ) -> PodClaims:
         """Start a pod that uses ``claims`` on this node, as scheduler and kubelet together:
         claims given as ResourceClaim manifests are created, claims without
         ``status.allocation`` are allocated here by the allocator (as kube-scheduler would),
-        all are reserved for the pod, then each driver named in the allocations gets one
-        NodePrepareResources with its claims. Returns the stored claims and every driver's
+        all are reserved for the pod, the pod waits in PreBind for claims whose devices have
+        binding conditions (1.36+; :class:`PodBindingError` after their failure or
+        ``binding_timeout_s``, the claims given back), then each driver named in the
+        allocations gets one NodePrepareResources with its claims. Returns the stored claims and every driver's
         answer (per-claim errors are in :meth:`PodClaims.errors`, not raised). Raises
         :class:`PodAdmissionError` when a claim cannot be created or does not fit the node,
         DriverNotRegisteredError or a DraCallError subclass as :meth:`prepare` does."""
@@ -184,6 +195,14 @@ class KubeletEmulator(PluginSessions):
         reference = PodReference(pod) if isinstance(pod, str) else pod
         try:
             admitted = await admit(access, self.node_name, reference, namespace, claims)
+            if any(needs_binding(c) for c in admitted.claims):
+                self._log.record(
+                    EventKind.POD_PREBIND,
+                    f"pod {namespace}/{reference.name} waits in PreBind on {self.node_name} "
+                    "for the binding conditions of claims "
+                    f"{[c['metadata']['name'] for c in admitted.claims if needs_binding(c)]}",
+                )
+                admitted = await prebind(access, admitted, binding_timeout_s=binding_timeout_s)
         except PodAdmissionError as exc:
             self._log.record(EventKind.POD_ADMISSION_FAILED, str(exc), level=logging.WARNING)
             raise

@@ -34,6 +34,7 @@ class EventKind(enum.StrEnum):
     HEALTH_RECEIVED = "health-received"
     SLICES_WIPED = "slices-wiped"
     SLICE_WIPE_FAILED = "slice-wipe-failed"
+    POD_PREBIND = "pod-prebind"  # waiting for binding conditions (KEP-5007)
     POD_ADMITTED = "pod-admitted"
     POD_ADMISSION_FAILED = "pod-admission-failed"
 

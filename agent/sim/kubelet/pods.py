@@ -9,6 +9,11 @@ emulator does the scheduler's part with :mod:`agent.sim.allocation` (the allocat
 writes ``status.allocation`` exactly as the scheduler does): claims given as specs are created
 first, claims stored without an allocation are allocated on this node, claims already
 allocated must be allocated for this node. Nothing here names a device.
+
+On 1.36+ a claim whose devices have binding conditions (KEP-5007) holds the pod in the
+scheduler's PreBind until they are True (:func:`prebind`); when one fails or times out, the
+claims are given back (the failed ones deallocated, the others unreserved) and the pod is not
+started here, so another node's emulator can take its claims.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
+
 from agent.node.types import ClaimRef
 from agent.sim.allocation import (
     AllocationFailedError,
@@ -24,6 +31,13 @@ from agent.sim.allocation import (
     allocate_existing_claim,
     create_claim,
     release_claim,
+)
+from agent.sim.binding import (
+    DEFAULT_BINDING_TIMEOUT_S,
+    BindingOutcome,
+    needs_binding,
+    undo_allocation,
+    wait_for_binding,
 )
 from agent.sim.claims import ClaimCreationError, PodReference
 from agent.sim.kubelet.errors import KubeletEmulatorError
@@ -37,6 +51,15 @@ ClaimSource = Mapping[str, Any] | str
 class PodAdmissionError(KubeletEmulatorError):
     """A pod's claims could not be created or allocated on this node (the pod stays pending,
     as it would with kube-scheduler); the message names the claim and the allocator's reasons."""
+
+
+class PodBindingError(PodAdmissionError):
+    """A claim's binding conditions failed or timed out in PreBind: the pod's claims were
+    given back and the pod can be scheduled on another node; ``outcome`` is the failed wait."""
+
+    def __init__(self, message: str, outcome: BindingOutcome) -> None:
+        super().__init__(message)
+        self.outcome = outcome
 
 
 @dataclass
@@ -152,3 +175,44 @@ async def release(access: ApiAccess, pod: PodClaims, *, delete_claims: bool) -> 
     or unreserve them, deallocating those no other pod uses."""
     for ref in pod.refs:
         await release_claim(access, ref.namespace, ref.name, pod.pod, delete=delete_claims)
+
+
+async def prebind(
+    access: ApiAccess, pod: PodClaims, *, binding_timeout_s: float = DEFAULT_BINDING_TIMEOUT_S
+) -> PodClaims:
+    """The scheduler's PreBind for an admitted pod: wait for every claim's binding conditions
+    (all claims at once; none for claims without). Returns the pod with its claims as stored
+    then. When one fails or times out the others' waits end, the claims whose conditions are
+    not all True lose their allocation, the rest are unreserved (as the scheduler's
+    Unreserve), and :class:`PodBindingError` says why."""
+    outcomes: dict[int, BindingOutcome] = {}
+    failed: list[BindingOutcome] = []
+
+    async def wait(index: int, claim: Obj, scope: anyio.CancelScope) -> None:
+        outcome = await wait_for_binding(access, claim, binding_timeout_s=binding_timeout_s)
+        outcomes[index] = outcome
+        if not outcome.bound:
+            failed.append(outcome)
+            scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        for index, claim in enumerate(pod.claims):
+            if needs_binding(claim):
+                group.start_soon(wait, index, claim, group.cancel_scope)
+    if not failed:
+        claims = [
+            (outcomes[i].claim or c) if i in outcomes else c for i, c in enumerate(pod.claims)
+        ]
+        return PodClaims(pod.pod, pod.namespace, claims, pod.drivers)
+    for index, claim in enumerate(pod.claims):
+        outcome = outcomes.get(index)
+        if needs_binding(claim) and outcome is None:  # its wait was ended: not bound
+            await undo_allocation(access, claim)
+        elif outcome is None or outcome.bound:
+            ref = claim_ref(claim)
+            await release_claim(access, ref.namespace, ref.name, pod.pod)
+    raise PodBindingError(
+        f"pod {pod.namespace}/{pod.pod.name}: binding {failed[0].state}: {failed[0].message}; "
+        "its claims were given back, the pod can be scheduled on another node",
+        failed[0],
+    )

@@ -1,0 +1,69 @@
+"""``gpu-dra-agent sim allocate --binding-timeout`` against a 1.36 embedded API server: the
+wait is printed, a node whose conditions never come is left for the next ``--node``."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from functools import partial
+from pathlib import Path
+
+import anyio
+import pytest
+
+from agent.sim.allocation import ApiAccess, create_claim
+from agent.sim.apiserver import EmbeddedApiServer
+from tests.unit.sim.test_binding import READY, Obj, channel, fake_controller, started, stored
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[EmbeddedApiServer]:
+    server = await started("1.36.0")
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.mark.anyio
+async def test_sim_allocate_waits_and_moves_on_after_the_binding_timeout(
+    cluster: EmbeddedApiServer, tmp_path: Path
+) -> None:
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    access = ApiAccess(cluster.url)
+    await create_claim(access, channel("ch"))
+    command = [sys.executable, "-m", "agent", "sim", "allocate", "--kubeconfig", str(kubeconfig)]
+    command += ["--node", "node-a", "--node", "node-b", "--binding-timeout", "2", "default/ch"]
+    written: dict[str, Obj] = {}
+    async with anyio.create_task_group() as group:  # node-a never answers, node-b does
+        group.start_soon(
+            partial(fake_controller, cluster, access, "ch", {"node-b": (READY, "")}, written)
+        )
+        with anyio.fail_after(60):
+            result = await anyio.run_process(command, check=False)
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert result.returncode == 0, out + err
+    assert "default/ch: allocated on node-a; PreBind waits up to 2 s for " in out
+    assert "compute-domain.nvidia.com/node-a/channel-0 IMEXDaemonReady" in out
+    assert "default/ch: binding timeout on node-a after" in err
+    assert "allocation undone: binding conditions not True" in err
+    assert "default/ch: bound on node-b after" in out
+    assert "default/ch: channel=channel-0" in out
+    assert (
+        stored(cluster, "ch")["status"]["allocation"]["devices"]["results"][0]["pool"] == "node-b"
+    )
+
+
+@pytest.mark.anyio
+async def test_sim_allocate_fails_when_no_node_binds(
+    cluster: EmbeddedApiServer, tmp_path: Path
+) -> None:
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    await create_claim(ApiAccess(cluster.url), channel("ch"))
+    command = [sys.executable, "-m", "agent", "sim", "allocate", "--kubeconfig", str(kubeconfig)]
+    command += ["--node", "node-a", "--binding-timeout", "1", "default/ch"]
+    with anyio.fail_after(60):
+        result = await anyio.run_process(command, check=False)
+    assert result.returncode == 1
+    assert "binding timeout on node-a" in result.stderr.decode()
+    assert not (stored(cluster, "ch").get("status") or {}).get("allocation")
