@@ -56,6 +56,8 @@ class ApiSide:
     #: ``--slice-layout`` resolved against the server's version (``--dynamic-mig`` only): an
     #: ``agent.dra.slices.SliceLayout``.
     slice_layout: Any
+    #: the API server's (major, minor), None when unreadable at start
+    version: tuple[int, int] | None = None
 
 
 def load_api_modules(compute_domains: bool) -> None:
@@ -113,7 +115,7 @@ async def _connect(
         slice_layout = (
             layout_for_version(version) if config.slice_layout == "auto" else config.slice_layout
         )
-    return ApiSide(api_client, claim_reader, events, node_uid, health_policy, slice_layout)
+    return ApiSide(api_client, claim_reader, events, node_uid, health_policy, slice_layout, version)
 
 
 async def server_version(

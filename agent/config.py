@@ -119,6 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("imex-ready-timeout-seconds", "GPU_DRA_IMEX_READY_TIMEOUT_SECONDS", "20"),
     Setting("node-ip", "NODE_IP", None),
     Setting("compute-domain-membership", "GPU_DRA_COMPUTE_DOMAIN_MEMBERSHIP", "cliques"),
+    # KEP-5007 conditions on channel-0 (agent.imex.binding): auto = on from Kubernetes 1.36
+    Setting("binding-conditions", "GPU_DRA_BINDING_CONDITIONS", "auto"),
     Setting("namespace", "POD_NAMESPACE", "gpu-dra-agent"),
     Setting("sim-fabric-dir", "GPU_DRA_SIM_FABRIC_DIR", None, is_path=True),
     # every API client's request timeout (watches: their connect and first answer)
@@ -159,6 +161,7 @@ class AgentConfig:
     imex_ready_timeout_s: float = 20.0
     node_ip: str | None = None  # where this node's IMEX daemon listens; else the Node's address
     membership: str = "cliques"  # ComputeDomainCliques, or the domain's status.nodes ("status")
+    binding_conditions: str = "auto"  # auto|on|off (agent.imex.binding.binding_enabled)
     namespace: str = "gpu-dra-agent"  # the driver's namespace (ComputeDomainCliques live there)
     sim_fabric_dir: Path | None = None  # simulated IMEX peers find each other here
     api_timeout_s: float = DEFAULT_API_TIMEOUT_S  # each API call's bound (--api-timeout-seconds)
@@ -361,6 +364,7 @@ def load_config(
         ),
         node_ip=ip_address(values["node-ip"]) if "node-ip" in values else None,
         membership=choice(values["compute-domain-membership"], ("cliques", "status")),
+        binding_conditions=choice(values["binding-conditions"], ("auto", "on", "off")),
         namespace=values["namespace"].value,
         sim_fabric_dir=_absolute(values["sim-fabric-dir"]) if "sim-fabric-dir" in values else None,
         api_timeout_s=parse_api_timeout(

@@ -222,7 +222,11 @@ async def run(args: argparse.Namespace) -> int:
     state = build_node_state(
         node, view.slices, view.claims, node_labels=view.node_labels, exclude_claim_uid=uid
     )
-    report = explain(claim, state, allocate(claim, state))
+    # binding conditions in a slice mean the API server's gate is on (else it drops them)
+    report = explain(claim, state, allocate(claim, state, binding_conditions=True))
+    binding = binding_report(document, report)
+    if binding:
+        report["binding"] = binding
     if args.output == "json":
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
     elif args.output == "yaml":
@@ -234,6 +238,32 @@ async def run(args: argparse.Namespace) -> int:
         print(f"gpu-dra-agent explain: the claim is at fault: {fault}", file=sys.stderr)
         return EXIT_BAD_CLAIM
     return EXIT_FITS if report["fits"] else EXIT_DOES_NOT_FIT
+
+
+def binding_report(document: dict[str, Any], report: dict[str, Any]) -> list[dict[str, Any]]:
+    """KEP-5007: where the binding conditions of the claim as given stand (an allocated claim,
+    ``kubectl get -o yaml``), or, for one not allocated yet, which conditions the scheduler
+    would wait for after the allocation ``report`` found."""
+    from agent.dra.binding import binding_states
+
+    states = [state.to_dict() for state in binding_states(document)]
+    if states or (document.get("status") or {}).get("allocation"):
+        return states
+    waits = []
+    for result in ((report.get("allocation") or {}).get("devices") or {}).get("results") or []:
+        conditions = result.get("bindingConditions") or []
+        if conditions:
+            where = f"{result['driver']}/{result['pool']}/{result['device']}"
+            waits.append(
+                {
+                    "device": where,
+                    "state": "after allocation",
+                    "waitingFor": list(conditions),
+                    "text": f"{where}: once allocated, the scheduler waits for "
+                    f"{', '.join(conditions)} before it binds the pod",
+                }
+            )
+    return waits
 
 
 def claim_fault(report: dict[str, Any]) -> str | None:

@@ -128,6 +128,10 @@ def render_table(report: dict[str, Any], *, all_devices: bool = False) -> str:
     else:
         lines.append("why it does not fit:")
         lines.extend(clip(f"  - {reason}") for reason in report["reasons"])
+    if report.get("binding"):
+        lines.append("")
+        lines.append("binding conditions (KEP-5007):")
+        lines.extend(f"  {entry['text']}" for entry in report["binding"])
     return "\n".join(lines) + "\n"
 
 

@@ -180,6 +180,15 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "fails (retryably) [GPU_DRA_IMEX_READY_TIMEOUT_SECONDS] (default: 20, at most 40)",
     )
     add(
+        "--binding-conditions",
+        choices=("auto", "on", "off"),
+        help="publish channel-0 with KEP-5007 binding conditions (IMEXDaemonReady, "
+        "IMEXDaemonFailed) and prepare a channel claim as soon as it is allocated here, so "
+        "the scheduler binds its pod only once this node's IMEX daemon is READY and moves it "
+        "elsewhere if it cannot be; auto: on when the API server is 1.36 or newer "
+        "[GPU_DRA_BINDING_CONDITIONS] (default: auto)",
+    )
+    add(
         "--node-ip",
         metavar="IP",
         help="the address this node's IMEX daemon listens on [NODE_IP] (default: the Node's "

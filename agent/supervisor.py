@@ -315,6 +315,7 @@ class Supervisor:
                 channels,
                 lambda name, run: self._child(group, name, run),
                 lambda name, run: self._start_child(group, name, run),
+                server_version=api.version,
             )
         self._child(
             group,

@@ -24,6 +24,11 @@ limit on, the controller, one agent process per simulated GB200 tray, ``--nodes 
 5. a second formation with one agent killed (SIGKILL) once it joined, then restarted: the
    domain converges, the node keeps its index, one daemon per node; then deleted as in 4.
 
+With ``--binding-conditions`` the API server answers as 1.36 (KEP-5007 binding conditions on)
+and the first formation is scheduled as kube-scheduler 1.36 does, each pod bound only once its
+node's IMEX daemon is READY; then a node whose daemon never comes up loses its pod to a spare
+(:mod:`benchmarks.fleet_binding`).
+
 Totals: the agents' RSS (sum, sampled each second: the peak), the API server's CPU seconds.
 Exit 0 only when every goal holds. The raw numbers go to ``<workdir>/fleet.json``.
 """
@@ -42,6 +47,7 @@ from pathlib import Path
 import anyio
 
 from agent.imex.cliques import MAX_DAEMONS
+from benchmarks.fleet_binding import binding_goals, form_with_binding, move_from_a_failing_node
 from benchmarks.fleet_cluster import (
     Fleet,
     FleetNode,
@@ -53,7 +59,7 @@ from benchmarks.fleet_cluster import (
     rss_mb,
 )
 from benchmarks.fleet_goals import Row, goals_for, render
-from benchmarks.fleet_scenarios import delete_domain, form
+from benchmarks.fleet_scenarios import Formation, delete_domain, form
 from benchmarks.fleet_shedding import startup_shedding
 
 #: the controller's requests but its watches: its Lease, its lists (at its start and after a
@@ -122,6 +128,8 @@ async def sample_rss(fleet: Fleet, peaks: dict[str, float]) -> None:
 
 async def run(args: argparse.Namespace, workdir: Path) -> int:
     fleet = Fleet(workdir, args.nodes, args.cliques, args.max_in_flight)
+    if args.binding_conditions:
+        fleet.kubernetes_version = "1.36.0"
     rows: list[Row] = []
     report: dict[str, object] = {"nodes": args.nodes, "cliques": args.cliques}
     peaks: dict[str, float] = {}
@@ -146,10 +154,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
         )
         async with anyio.create_task_group() as sampler:
             sampler.start_soon(sample_rss, fleet, peaks)
-            first = await form(fleet, "fleet-a")
-            rows += first.rows(args.nodes)
-            report["formation"] = first.as_json()
-            print("formation requests:\n" + first.requests, file=sys.stderr)
+            if args.binding_conditions:
+                bound = await form_with_binding(fleet, "fleet-a")
+                rows += bound.rows()
+                report["binding"] = bound.__dict__
+                first = Formation(bound.name, bound.uid, bound.claims)
+            else:
+                first = await form(fleet, "fleet-a")
+                rows += first.rows(args.nodes)
+                report["formation"] = first.as_json()
+                print("formation requests:\n" + first.requests, file=sys.stderr)
             steady = await scenario_steady(fleet, args.steady_seconds)
             per_node, controller, per_renewal, text = steady
             rows.append(Row("steady: agents' requests per node per minute", per_node, "req/min"))
@@ -169,12 +183,16 @@ async def run(args: argparse.Namespace, workdir: Path) -> int:
             report["kill"] = second.as_json()
             took = await delete_domain(fleet, second)
             rows.append(Row("after the kill: domain deleted, cleaned up", took, "s"))
+            if args.binding_conditions:
+                rows += await move_from_a_failing_node(fleet)
             sampler.cancel_scope.cancel()
         assert fleet.server is not None
         rows.append(Row("total: agents' RSS, peak sum", peaks.get("agents", 0.0), "MB"))
         rows.append(Row("total: IMEX daemons' RSS, peak sum", peaks.get("daemons", 0.0), "MB"))
         rows.append(Row("total: API server CPU", cpu_seconds(fleet.server.pid), "s"))
     goals = goals_for(args.nodes, args.cliques)
+    if args.binding_conditions:
+        goals.update(binding_goals(args.nodes))
     text, failed = render(rows, goals, f"Fleet: {args.nodes} nodes in {args.cliques} clique(s)")
     print(text)
     report["rows"] = [r.__dict__ for r in rows]
@@ -214,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="the API server answers every request 429 (Retry-After: 1) this "
                         "long while the controller and every agent start at once; 0: none, "
                         "the agents start --start-concurrency at a time (20)")  # fmt: skip
+    parser.add_argument("--binding-conditions", action="store_true",
+                        help="the API server answers as 1.36: channels carry KEP-5007 binding "
+                        "conditions, pods are bound once their node's IMEX daemon is READY, "
+                        "and a node whose daemon never comes up loses its pod to a spare")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None, help="kept after the run")
     args = parser.parse_args(argv)
     if args.nodes < 2 or args.cliques < 1 or -(-args.nodes // args.cliques) > MAX_DAEMONS:

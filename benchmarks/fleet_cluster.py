@@ -112,6 +112,8 @@ class Fleet:
     url: str = ""
     kubeconfig: Path = Path()
     http: aiohttp.ClientSession | None = None
+    #: the release the API server answers as (1.36: binding conditions on, agent.imex.binding)
+    kubernetes_version: str = "1.35.0"
 
     # -- the API server's view (uncounted) ---------------------------------------------------
 
@@ -187,7 +189,8 @@ class Fleet:
         self.server = await anyio.open_process(
             [sys.executable, "-m", "agent", "sim", "apiserver", "--listen", "127.0.0.1:0",
              "--kubeconfig-out", str(self.kubeconfig),
-             "--max-in-flight", str(self.max_in_flight)],
+             "--max-in-flight", str(self.max_in_flight),
+             "--kubernetes-version", self.kubernetes_version],
             stdout=log, stderr=log,
         )  # fmt: skip
         stack.push_async_callback(self._stop, self.server)
@@ -296,13 +299,13 @@ class Fleet:
 
     # -- the domain and its claims -----------------------------------------------------------
 
-    async def create_domain(self, name: str) -> dict[str, Any]:
+    async def create_domain(self, name: str, nodes: int | None = None) -> dict[str, Any]:
         path = f"/apis/resource.nvidia.com/v1beta1/namespaces/{NAMESPACE}/computedomains"
         domain = await self.post(
             path,
             {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
              "metadata": {"name": name, "namespace": NAMESPACE},
-             "spec": {"numNodes": self.nodes_count,
+             "spec": {"numNodes": self.nodes_count if nodes is None else nodes,
                       "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}}},
         )  # fmt: skip
         with anyio.fail_after(30):
@@ -313,6 +316,12 @@ class Fleet:
     async def _template(self, name: str) -> list[Any]:
         found = await self.objects("resourceclaimtemplates", NAMESPACE)
         return [t for t in found if t["metadata"]["name"] == name]
+
+    async def template_spec(self, domain: dict[str, Any]) -> dict[str, Any]:
+        """The claim spec of the domain's ResourceClaimTemplate (the controller's)."""
+        (template,) = await self._template(f"{domain['metadata']['name']}-channel")
+        spec: dict[str, Any] = template["spec"]["spec"]
+        return spec
 
     async def claims(self, domain: dict[str, Any]) -> dict[str, ClaimRef]:
         """One channel claim per node from the domain's template, allocated by the allocator

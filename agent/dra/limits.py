@@ -17,6 +17,8 @@ MAX_DEVICES_PER_SLICE_WITH_TAINTS: Final = 64
 MAX_ATTRIBUTES_AND_CAPACITIES_PER_DEVICE: Final = 32
 #: Taints per device on 1.35 and later.
 MAX_TAINTS_PER_DEVICE: Final = 16
+#: KEP-5007: bindingConditions and bindingFailureConditions, each
+MAX_BINDING_CONDITIONS: Final = 4
 #: Taints per device on 1.34 (``DRADeviceTaints`` is alpha and off by default there).
 MAX_TAINTS_PER_DEVICE_1_34: Final = 4
 #: ``DeviceAttributeMaxValueLength``: string and version attribute values.

@@ -167,6 +167,10 @@ class DraDevice:
     allow_multiple_allocations: bool = False
     #: KEP-5075: capacity name -> what one allocation may take of it (needs the above).
     request_policies: Mapping[str, RequestPolicy] = field(default_factory=dict)
+    #: KEP-5007: condition types the scheduler waits for (all True) before it binds a pod
+    #: that got this device, and those that make it give the allocation up (any True).
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Read-only copies: a device validated once must not change behind our back.
@@ -175,7 +179,12 @@ class DraDevice:
         object.__setattr__(self, "taints", tuple(self.taints))
         object.__setattr__(self, "consumes_counters", tuple(self.consumes_counters))
         object.__setattr__(self, "request_policies", MappingProxyType(dict(self.request_policies)))
+        object.__setattr__(self, "binding_conditions", tuple(self.binding_conditions))
+        object.__setattr__(
+            self, "binding_failure_conditions", tuple(self.binding_failure_conditions)
+        )
         validate_device_name(self.name)
+        _check_binding_conditions(self)
         _check_policies(self)
         for name in (*self.attributes, *self.capacity):
             validate_qualified_name(name, device=self.name)
@@ -240,6 +249,9 @@ class DraDevice:
             out["consumesCounters"] = [entry.to_dict() for entry in self.consumes_counters]
         if self.taints:
             out["taints"] = [taint.to_dict() for taint in self.taints]
+        if self.binding_conditions:
+            out["bindingConditions"] = list(self.binding_conditions)
+            out["bindingFailureConditions"] = list(self.binding_failure_conditions)
         return out
 
     def _capacity_dict(self, name: str) -> dict[str, Any]:
@@ -248,6 +260,26 @@ class DraDevice:
         if policy is not None:
             out["requestPolicy"] = policy.to_dict()
         return out
+
+
+def _check_binding_conditions(device: DraDevice) -> None:
+    """At most 4 of each, condition types (qualified names), and failure conditions only
+    with binding conditions (the API server's rules)."""
+    for kind, names in (
+        ("binding", device.binding_conditions),
+        ("binding failure", device.binding_failure_conditions),
+    ):
+        if len(names) > limits.MAX_BINDING_CONDITIONS:
+            raise LimitExceededError(
+                f"device {device.name!r} has {len(names)} {kind} conditions; the API allows "
+                f"{limits.MAX_BINDING_CONDITIONS}"
+            )
+        for name in names:
+            validate_qualified_name(name, device=device.name)
+    if device.binding_failure_conditions and not device.binding_conditions:
+        raise InvalidValueError(
+            f"device {device.name!r}: binding failure conditions need binding conditions"
+        )
 
 
 def _check_policies(device: DraDevice) -> None:

@@ -60,8 +60,16 @@ def node_clique(inventory: Inventory) -> Clique:
     return Clique(next(iter(found)))
 
 
-def channel_devices(clique: str | None) -> list[DraDevice]:
-    """The devices of the ``compute-domain.nvidia.com`` slice: ``channel-0``, or none."""
+#: KEP-5007 condition types of ``channel-0`` (``--binding-conditions``, ``agent.imex.binding``):
+#: the scheduler binds a pod that got the channel once this node's IMEX daemon for the
+#: claim's domain is READY (its clique formed), and gives the node up if it cannot be.
+BINDING_CONDITION = "IMEXDaemonReady"
+BINDING_FAILURE_CONDITION = "IMEXDaemonFailed"
+
+
+def channel_devices(clique: str | None, *, binding_conditions: bool = False) -> list[DraDevice]:
+    """The devices of the ``compute-domain.nvidia.com`` slice: ``channel-0``, or none;
+    ``binding_conditions``: with the KEP-5007 conditions above."""
     if clique is None:
         return []
     attributes = {
@@ -69,4 +77,13 @@ def channel_devices(clique: str | None) -> list[DraDevice]:
         "id": DeviceAttribute.of_int(0),
         "fabricClique": DeviceAttribute.of_string(clique),
     }
-    return [DraDevice(CHANNEL_DEVICE, attributes)]
+    if not binding_conditions:
+        return [DraDevice(CHANNEL_DEVICE, attributes)]
+    return [
+        DraDevice(
+            CHANNEL_DEVICE,
+            attributes,
+            binding_conditions=(BINDING_CONDITION,),
+            binding_failure_conditions=(BINDING_FAILURE_CONDITION,),
+        )
+    ]

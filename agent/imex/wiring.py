@@ -25,6 +25,7 @@ from agent.config import AgentConfig
 from agent.errors import describe
 from agent.hardware.inventory import Inventory
 from agent.imex import metrics
+from agent.imex.binding import ChannelBinder, binding_enabled
 from agent.imex.clique_watch import CliqueWatch
 from agent.imex.cliques import CliqueApi
 from agent.imex.config import DRIVER
@@ -54,6 +55,8 @@ async def serve_compute_domains(
     preparer: DeferredChannelPreparer,
     child: Child,
     start_child: StartChild,
+    *,
+    server_version: tuple[int, int] | None = None,
 ) -> ChannelEngine:
     """Start the driver whose sockets :func:`agent.imex.sockets.open_sockets` opened; returns
     its engine, which ``preparer`` now answers the kubelet with."""
@@ -112,6 +115,19 @@ async def serve_compute_domains(
         preparer.fail(f"the {DRIVER} engine did not start: {error}")
         raise  # a start-up error: the supervisor stops the process
     await start_child("channel engine", engine.run)
+    binding, why = binding_enabled(config.binding_conditions, server_version)
+    log.info("binding conditions on channel-0: %s (%s)", "on" if binding else "off", why)
+    if binding and clique.clique is not None:
+        from kubernetes_asyncio.client import ResourceV1Api
+
+        binder = ChannelBinder(
+            node_name=config.node_name,
+            engine=engine,
+            resource_api=ResourceV1Api(api_client),
+            call=domains.call,
+            request_timeout=config.api_timeout_s,
+        )
+        child("channel binder", binder.run)
     publisher = SlicePublisher(
         api_client,
         node_name=config.node_name,
@@ -119,7 +135,7 @@ async def serve_compute_domains(
         node_uid=node_uid,
         request_timeout=config.api_timeout_s,
     )
-    publisher.set_devices(channel_devices(clique.clique))
+    publisher.set_devices(channel_devices(clique.clique, binding_conditions=binding))
     child("channel slice publisher", publisher.run)
     preparer.attach(engine)
     dra_socket, _ = config.sockets_of(DRIVER)

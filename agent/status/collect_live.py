@@ -106,9 +106,11 @@ async def read_api(
                 read[uid] = claim
         domains: tuple[dict[str, Any], ...] = ()
         cliques: tuple[dict[str, Any], ...] = ()
+        binding: tuple[dict[str, Any], ...] = ()
         if channel:
             domain_api = DomainApi(client, request_timeout=timeout_s)
             domains = tuple(await domain_api.list_all())
+            binding = await _binding_claims(domain_api, node, channel_driver)
             clique_api = CliqueApi(client, domain_api.call, namespace)
             try:
                 cliques = tuple(await clique_api.list_all())
@@ -120,7 +122,30 @@ async def read_api(
     finally:
         await reader.close()
         await client.close()
-    return ApiView(mine, channel, read, domains, cliques)
+    return ApiView(mine, channel, read, domains, cliques, binding)
+
+
+async def _binding_claims(
+    domain_api: Any, node: str, channel_driver: str
+) -> tuple[dict[str, Any], ...]:
+    """Every claim allocated a device of ``channel_driver`` in this node's pool with binding
+    conditions (KEP-5007): the ones the scheduler may be waiting on."""
+    from kubernetes_asyncio.client import ResourceV1Api
+
+    listed = await domain_api.call(
+        ResourceV1Api(domain_api.api_client).list_resource_claim_for_all_namespaces
+    )
+    found = []
+    for claim in listed.get("items") or []:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        if any(
+            (r.get("driver"), r.get("pool")) == (channel_driver, node)
+            and r.get("bindingConditions")
+            for r in results
+        ):
+            found.append(claim)
+    return tuple(found)
 
 
 #: How long the agent's health stream may take to send its first list.

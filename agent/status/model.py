@@ -104,6 +104,8 @@ class ApiView:
     claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # uid -> ResourceClaim
     domains: tuple[dict[str, Any], ...] = ()
     cliques: tuple[dict[str, Any], ...] = ()  # ComputeDomainCliques (membership per clique)
+    #: claims allocated this node's channel with KEP-5007 binding conditions
+    binding_claims: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,7 @@ def report(snapshot: Snapshot, findings: list[Finding]) -> dict[str, Any]:
         },
         "gpus": gpus,
         "computeDomains": _domains(snapshot),
+        "bindingConditions": _binding(snapshot),
         "drift": [{"subject": f.subject, "problem": f.problem, "hint": f.hint} for f in findings],
     }
 
@@ -204,6 +205,28 @@ def _domains(snapshot: Snapshot) -> list[dict[str, Any]]:
     return list(domains.values())
 
 
+def _binding(snapshot: Snapshot) -> list[dict[str, Any]]:
+    """KEP-5007: the claims whose binding conditions on this node are not met (waiting or
+    failed), and why."""
+    from agent.dra.binding import binding_states
+
+    if snapshot.api is None:
+        return []
+    found = []
+    for claim in snapshot.api.binding_claims:
+        meta = claim.get("metadata") or {}
+        for state in binding_states(claim):
+            if state.pool == snapshot.node and state.state != "ready":
+                found.append(
+                    {
+                        "claim": f"{meta.get('namespace')}/{meta.get('name')}",
+                        "uid": meta.get("uid"),
+                        **state.to_dict(),
+                    }
+                )
+    return found
+
+
 def render(document: dict[str, Any], output: str) -> str:
     if output == "json":
         return json.dumps(document, indent=2, sort_keys=True)
@@ -266,6 +289,8 @@ def table(document: dict[str, Any]) -> str:
             f"{'pid ' + str(daemon['pid']) if daemon['alive'] else 'NOT running'}{ready}"
         )
         lines += [f"  channel claim {claim}" for claim in domain["claims"]]
+    for waiting in document["bindingConditions"]:
+        lines.append(f"binding: claim {waiting['claim']} ({waiting['uid']}): {waiting['text']}")
     for finding in document["drift"]:
         lines.append(f"DRIFT {finding['subject']}: {finding['problem']} -> {finding['hint']}")
     count = len(document["drift"])

@@ -73,7 +73,7 @@ def test_the_policy_matches_status_updates_of_the_agent_only(policy: Obj) -> Non
         for resource in r["resources"]
         if {"update", "patch", "create", "delete"} & set(r["verbs"])
     }
-    assert writes == {"computedomains/status", "events"}
+    assert writes == {"computedomains/status", "events", "resourceclaims/status"}
     hostile = domain({"status": "Ready"})
     controller = "system:serviceaccount:gpu-dra-agent:gpu-dra-agent-controller"
     assert denials(policy, domain(), hostile, None, user=controller) == []

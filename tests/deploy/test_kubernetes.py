@@ -393,7 +393,13 @@ def test_compute_domain_rbac_for_the_agent_and_the_controller() -> None:
         *(("resource.nvidia.com", "computedomains/status", v) for v in ("get", "update", "patch")),
         ("", "events", "create"),
         ("", "events", "patch"),
-    }  # the agent never writes a domain's spec or metadata
+        # KEP-5007: its channel's entry of a claim's status.devices (admission narrows it)
+        *(("resource.k8s.io", "resourceclaims/status", v) for v in ("get", "update")),
+        *(
+            ("resource.k8s.io", "resourceclaims/driver", v)
+            for v in ("associated-node:update", "associated-node:patch")
+        ),
+    }  # the agent never writes a domain's spec or metadata, nor a claim's spec
     controller = _rules(find(objects, "ClusterRole", "gpu-dra-agent-controller"))
     assert ("resource.nvidia.com", "computedomains", "update") in controller  # its finalizer
     assert ("resource.k8s.io", "resourceclaimtemplates", "create") in controller

@@ -241,6 +241,10 @@ class Cluster:
                 ref = ClaimRef(entry.get("namespace", NAMESPACE), uid, entry.get("name", ""))
                 await self.unprepare(node, ref)
 
+    def track_claim(self, namespace: str, name: str) -> None:
+        """A claim the test made otherwise, deleted with the others after it."""
+        self._claims.append((namespace, name))
+
     async def delete_claims(self) -> None:
         claims, self._claims = self._claims, []
         for namespace, name in claims:
@@ -366,13 +370,20 @@ async def start_controller(cluster: Cluster) -> None:
 
 @contextlib.asynccontextmanager
 async def running_cluster(
-    workdir: Path, nodes: Mapping[str, tuple[str, str]], *, max_in_flight: int | None = None
+    workdir: Path,
+    nodes: Mapping[str, tuple[str, str]],
+    *,
+    max_in_flight: int | None = None,
+    kubernetes_version: str | None = None,
 ) -> AsyncIterator[Cluster]:
     """The API server with the device classes, the controller and a started agent on each of
     ``nodes`` (name -> (profile, InternalIP)); at the end the agents, the IMEX daemons a
     stopped agent left (a failed test's) and the controller are stopped. ``max_in_flight``:
-    the API server's limit (429 beyond it), else none."""
-    options = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
+    the API server's limit (429 beyond it), else none; ``kubernetes_version``: the release it
+    answers as (the server's default otherwise)."""
+    options: dict[str, Any] = {} if max_in_flight is None else {"max_in_flight": max_in_flight}
+    if kubernetes_version is not None:
+        options["kubernetes_version"] = kubernetes_version
     async with EmbeddedApiServer(**options) as server, contextlib.AsyncExitStack() as stack:
         for device_class in default_device_classes():
             server.put_object(device_class)

@@ -90,6 +90,8 @@ async def test_a_domain_across_two_trays_goes_ready_and_is_cleaned_up(cluster: C
         attributes = item["attributes"]
         assert attributes["type"] == {"string": "channel"} and attributes["id"] == {"int": 0}
         assert attributes["fabricClique"] == {"string": CLIQUE}
+        # the server answers as 1.35 (binding conditions alpha and gated): none published
+        assert "bindingConditions" not in item and "bindingFailureConditions" not in item
     domain = await cluster.create_domain("cd-ab", num_nodes=2)
     uid = domain["metadata"]["uid"]
     assert domain["metadata"]["finalizers"] == ["resource.nvidia.com/computeDomain"]

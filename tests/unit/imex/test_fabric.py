@@ -78,3 +78,26 @@ def test_the_simulated_proc_devices_gets_the_channel_major(tmp_path: object) -> 
     majors = HostFiles(root).device_majors()
     assert majors == {"nvidia": 195, "nvidia-caps-imex-channels": 236}
     assert (root / "proc/devices").read_text().count("imex") == 1
+
+
+def test_binding_conditions_on_the_channel_and_the_schemas_of_each_release() -> None:
+    """With --binding-conditions the channel carries KEP-5007's conditions; the slice is
+    valid for 1.36 and 1.37. Off (1.34/1.35), the slice has none and is valid there."""
+    from agent.dra.slices import build_slices
+    from agent.imex.config import DRIVER
+    from agent.imex.fabric import BINDING_CONDITION, BINDING_FAILURE_CONDITION
+    from tests.support.k8s_schema import schema_errors
+
+    (device,) = channel_devices(CLIQUE, binding_conditions=True)
+    document = device.to_dict()
+    assert document["bindingConditions"] == [BINDING_CONDITION] == ["IMEXDaemonReady"]
+    assert document["bindingFailureConditions"] == [BINDING_FAILURE_CONDITION]
+    for devices, versions in (
+        (channel_devices(CLIQUE, binding_conditions=True), ("1.36", "1.37")),
+        (channel_devices(CLIQUE), ("1.34", "1.35", "1.36", "1.37")),
+    ):
+        (item,) = build_slices(devices, node_name="tray-a", driver_name=DRIVER)
+        for version in versions:
+            assert schema_errors(item, version) == [], version
+    (plain,) = build_slices(channel_devices(CLIQUE), node_name="tray-a", driver_name=DRIVER)
+    assert "bindingConditions" not in plain["spec"]["devices"][0]
