@@ -44,14 +44,22 @@ class BoundFormation:
     name: str
     uid: str
     claims: dict[str, ClaimRef]
+    allocated: dict[str, float]  # node -> s from the start until the scheduler allocated it
     bound: dict[str, float]  # node -> s from the start until its pod was bound
     prepared: dict[str, float]  # node -> s until the kubelet's prepare answered
     prepare_latency: list[float]  # the kubelet's prepare after binding, s each
     ready_s: float = float("nan")  # until the domain said Ready
 
     def rows(self) -> list[Row]:
+        last_allocation = max(self.allocated.values())
         return [
             Row("binding: every pod bound and prepared", max(self.prepared.values()), "s"),
+            Row("binding: the scheduler's allocations, first to last", last_allocation, "s"),
+            Row(
+                "binding: last allocation to every pod bound and prepared",
+                max(self.prepared.values()) - last_allocation,
+                "s",
+            ),
             Row("binding: to domain Ready", self.ready_s, "s"),
             Row("binding: pods bound, p50", percentile(sorted(self.bound.values()), 50), "s"),
             Row("binding: prepare after binding, p50", percentile(self.prepare_latency, 50), "s"),
@@ -80,7 +88,7 @@ async def form_with_binding(fleet: Fleet, name: str) -> BoundFormation:
     claims = {
         node.name: await _pending_claim(fleet, spec, f"{node.name}-{name}") for node in fleet.nodes
     }
-    formation = BoundFormation(name, domain["metadata"]["uid"], claims, {}, {}, [])
+    formation = BoundFormation(name, domain["metadata"]["uid"], claims, {}, {}, {}, [])
     limiter = anyio.CapacityLimiter(8)
     started = time.monotonic()
 
@@ -92,6 +100,7 @@ async def form_with_binding(fleet: Fleet, name: str) -> BoundFormation:
                 _access(fleet), NAMESPACE, claim.name, node.name,
                 reserved_for=(PodReference(f"{claim.name}-pod"),),
             )  # fmt: skip
+        formation.allocated[node.name] = time.monotonic() - started
         outcome = await wait_for_binding(
             _access(fleet), allocated, binding_timeout_s=BINDING_TIMEOUT_S
         )
@@ -158,8 +167,11 @@ def binding_goals(nodes: int) -> dict[str, Any]:
     from benchmarks.fleet_goals import Goal
 
     last = 5.0 if nodes <= 18 else 10.0
+    # Today's formation row is timed from the moment every claim is allocated; with binding
+    # the agents start at each allocation, so the comparable window starts at the last one
+    # (the whole, with the emulated scheduler's own allocations, is the row above it).
     return {
-        "binding: every pod bound and prepared": Goal(last),
+        "binding: last allocation to every pod bound and prepared": Goal(last),
         "binding: prepare after binding, p99": Goal(0.05),
         "binding failure: pod moved to a spare node (1 yes)": Goal(1.0, operator.ge),
         "binding failure: until bound on the spare node": Goal(READY_TIMEOUT_S + 5.0),

@@ -118,7 +118,7 @@ async def serve_compute_domains(
     binding, why = binding_enabled(config.binding_conditions, server_version)
     log.info("binding conditions on channel-0: %s (%s)", "on" if binding else "off", why)
     if binding and clique.clique is not None:
-        from kubernetes_asyncio.client import ResourceV1Api
+        from agent.kube.library import ResourceV1Api
 
         binder = ChannelBinder(
             node_name=config.node_name,

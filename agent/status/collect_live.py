@@ -130,7 +130,7 @@ async def _binding_claims(
 ) -> tuple[dict[str, Any], ...]:
     """Every claim allocated a device of ``channel_driver`` in this node's pool with binding
     conditions (KEP-5007): the ones the scheduler may be waiting on."""
-    from kubernetes_asyncio.client import ResourceV1Api
+    from agent.kube.library import ResourceV1Api
 
     listed = await domain_api.call(
         ResourceV1Api(domain_api.api_client).list_resource_claim_for_all_namespaces

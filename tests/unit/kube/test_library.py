@@ -82,3 +82,31 @@ def _version() -> str:
     import kubernetes_asyncio
 
     return str(kubernetes_asyncio.__version__)
+
+
+def test_the_agent_takes_the_library_through_agent_kube_library() -> None:
+    """Any other ``from kubernetes_asyncio.client import X`` runs the package's ``__init__``
+    (every model: some 40 MB an agent; the binder's import of ResourceV1Api once did).
+    ``from kubernetes_asyncio import client`` is fine: it binds the deferred package."""
+    import ast
+    from pathlib import Path
+
+    import agent
+
+    root = Path(agent.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if (path.name == "library.py" and path.parent.name == "kube") or "_proto" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            found += [
+                f"{path.relative_to(root)}:{node.lineno} {name}"
+                for name in names
+                if name.startswith("kubernetes_asyncio.client")
+            ]
+    assert found == []
