@@ -81,6 +81,17 @@ async def _pending_claim(fleet: Fleet, spec: dict[str, Any], name: str) -> Claim
     return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
 
 
+def _allocate(access: ApiAccess, name: str, node: str) -> dict[str, Any]:
+    """One allocation by the emulated scheduler, in a worker thread's own event loop."""
+    reserved = (PodReference(f"{name}-pod"),)
+
+    async def allocate() -> dict[str, Any]:
+        return await allocate_existing_claim(access, NAMESPACE, name, node, reserved_for=reserved)
+
+    result: dict[str, Any] = anyio.run(allocate)
+    return result
+
+
 async def form_with_binding(fleet: Fleet, name: str) -> BoundFormation:
     """Scenario 1 (module docstring)."""
     domain = await fleet.create_domain(name)
@@ -95,11 +106,12 @@ async def form_with_binding(fleet: Fleet, name: str) -> BoundFormation:
     async def pod(node: FleetNode) -> None:
         assert node.kubelet is not None
         claim = claims[node.name]
-        async with limiter:  # the scheduler allocates a few at a time; PreBind waits apart
-            allocated = await allocate_existing_claim(
-                _access(fleet), NAMESPACE, claim.name, node.name,
-                reserved_for=(PodReference(f"{claim.name}-pod"),),
-            )  # fmt: skip
+        # the scheduler allocates a few at a time (PreBind waits apart), each in a thread of
+        # its own: the emulated allocator's CPU must not delay this loop, where the kubelet
+        # emulators time the prepares
+        allocated = await anyio.to_thread.run_sync(
+            _allocate, _access(fleet), claim.name, node.name, limiter=limiter
+        )
         formation.allocated[node.name] = time.monotonic() - started
         outcome = await wait_for_binding(
             _access(fleet), allocated, binding_timeout_s=BINDING_TIMEOUT_S
