@@ -57,6 +57,7 @@ MODES = ("auto", "on", "off")
 #: The release where binding conditions are beta and on by default.
 FIRST_ON_BY_DEFAULT = (1, 36)
 WRITE_ATTEMPTS = 5
+RETRY_S = 2.0  # a bind whose status write failed is tried again after this long
 Call = Callable[..., Awaitable[Obj]]
 
 
@@ -239,12 +240,19 @@ class ChannelBinder:
             else:
                 self.failed += 1
                 log.warning("channel claim %s/%s: %s", ref.namespace, ref.name, message)
-        except Exception as error:  # an API failure: the next change or resync tries again
+        except Exception as error:  # an API failure: another pass after RETRY_S
             log.warning(
-                "binding conditions of %s/%s not written: %s", ref.namespace, ref.name, error
-            )
+                "binding conditions of %s/%s not written (again in %g s): %s",
+                ref.namespace, ref.name, RETRY_S, error,
+            )  # fmt: skip
+            retry = True
+        else:
+            retry = False
         finally:
             self._busy.discard(ref.uid)
+        if retry:  # a quiet cluster sends no change that would start the next pass
+            await anyio.sleep(RETRY_S)
+            self._changed.set()
 
     async def _write(self, ref: ClaimRef, ready: bool, message: str) -> None:
         entry = status_entry(self.node, ready, message, datetime.now(UTC))

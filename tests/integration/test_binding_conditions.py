@@ -243,3 +243,23 @@ async def test_status_and_explain_show_a_claim_waiting_and_why_it_failed(
     del unallocated["status"]
     text = await _explain(cluster, unallocated, "tray-a", workdir / "c")
     assert "once allocated, the scheduler waits for IMEXDaemonReady" in text, text
+
+
+async def test_a_status_write_the_server_refuses_is_tried_again(cluster: Cluster) -> None:
+    """Every PUT of a claim's status answers 500 for a while: the binder keeps its prepared
+    claim and writes the condition once the server takes it (no other change needed)."""
+    tray = cluster.nodes["tray-a"]
+    domain = await cluster.create_domain("cd-retry", num_nodes=1)
+    ref = await cluster.channel_claim(tray, "retry-channel", domain)
+    # after the scheduler's own status write (the allocation), before the agent's: its
+    # daemon takes at least one READY poll
+    rule = cluster.server.faults.fail_next(
+        "PUT", "*/resourceclaims/retry-channel/status", 500, count=3
+    )
+    await eventually(
+        lambda: our_entry(_claim(cluster, "retry-channel"), "tray-a") is not None,
+        what="the binding condition after the refusals",
+        timeout=30,
+    )
+    assert rule.hits == 3
+    assert tray.checkpoint()[ref.uid]["state"] == "PrepareCompleted"
