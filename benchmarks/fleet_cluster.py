@@ -114,6 +114,8 @@ class Fleet:
     http: aiohttp.ClientSession | None = None
     #: the release the API server answers as (1.36: binding conditions on, agent.imex.binding)
     kubernetes_version: str = "1.35.0"
+    #: more flags for every agent (a test's shorter --imex-ready-timeout-seconds)
+    agent_args: tuple[str, ...] = ()
 
     # -- the API server's view (uncounted) ---------------------------------------------------
 
@@ -244,6 +246,7 @@ class Fleet:
             node.root, self.kubeconfig, node.name, str(node.profile),
             "--node-ip", node.address, "--compute-domains", "on",
             "--health-monitoring", "false", "--sim-fabric-dir", str(self.workdir / "fabric"),
+            *self.agent_args,
         )  # fmt: skip
         node.process = await start_agent(command, node.root / f"agent-{node.starts}.log")
         if wait:

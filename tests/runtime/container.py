@@ -84,13 +84,13 @@ def parse(output: str) -> View:
             current.append(line)
     if "end" not in sections:
         raise AssertionError(f"the probe did not finish:\n{output}")
-    devices = {}
+    devices: dict[str, tuple[str, int, int]] = {}
     for line in sections.get("dev", []):
         path, *kind, major, minor = line.split()
         devices[path] = (" ".join(kind), int(major, 16), int(minor, 16))
     env = dict(line.split("=", 1) for line in sections.get("env", []) if "=" in line)
     mounts = [line.split()[4] for line in sections.get("mounts", []) if len(line.split()) > 4]
-    libraries = {}
+    libraries: dict[str, str] = {}
     for line in sections.get("ldconfig", [])[1:]:  # the first line counts the entries
         name, _, path = line.strip().partition(" => ")
         libraries.setdefault(name.split(" (")[0], path)
