@@ -67,6 +67,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--ldconfig-path",
+        metavar="PATH",
         help="the host's ldconfig, which the common CDI spec's createContainer hook runs on "
         "each GPU container's root file system (ldconfig -r) so that its loader cache lists "
         "the driver libraries; needs /bin/sh on the host; none: no hook "
@@ -181,7 +182,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--binding-conditions",
-        choices=("auto", "on", "off"),
+        metavar="auto|on|off",
         help="publish channel-0 with KEP-5007 binding conditions (IMEXDaemonReady, "
         "IMEXDaemonFailed) and prepare a channel claim as soon as it is allocated here, so "
         "the scheduler binds its pod only once this node's IMEX daemon is READY and moves it "
