@@ -159,6 +159,7 @@ async def _prepare_seconds(health: AgentHarness, device: str, runs: int) -> list
     return sorted(durations)
 
 
+@pytest.mark.serial  # a latency ratio: other workers' agents (a fleet test's) disturb it
 async def test_event_storm_is_coalesced_and_prepares_keep_their_latency(
     health: AgentHarness,
 ) -> None:
