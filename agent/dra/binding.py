@@ -58,9 +58,13 @@ class BindingState:
         }
 
 
-def _same(result: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
-    keys = ("driver", "pool", "device", "shareID")
-    return all(result.get(k) == entry.get(k) for k in keys)
+def same_device(result: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+    """Whether a ``status.devices`` entry is the one of an allocation result (driver, pool,
+    device, and shareID; an empty shareID is none)."""
+    keys = ("driver", "pool", "device")
+    return all(result.get(k) == entry.get(k) for k in keys) and (
+        (result.get("shareID") or None) == (entry.get("shareID") or None)
+    )
 
 
 def binding_states(claim: Mapping[str, Any]) -> list[BindingState]:
@@ -73,7 +77,7 @@ def binding_states(claim: Mapping[str, Any]) -> list[BindingState]:
         wanted = tuple(result.get("bindingConditions") or ())
         if not wanted:
             continue
-        entry = next((e for e in entries if _same(result, e)), {})
+        entry = next((e for e in entries if same_device(result, e)), {})
         conditions = {
             c.get("type"): c for c in entry.get("conditions") or [] if isinstance(c, Mapping)
         }

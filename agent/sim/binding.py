@@ -26,6 +26,7 @@ from typing import Any, Literal
 import aiohttp
 import anyio
 
+from agent.dra.binding import same_device
 from agent.sim.allocation import (
     RESOURCE,
     AllocationFailedError,
@@ -99,16 +100,9 @@ def needs_binding(claim: Mapping[str, Any]) -> bool:
     return bool(waiting_results(claim))
 
 
-def _same_device(result: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
-    keys = ("driver", "pool", "device")
-    return all(result.get(k) == entry.get(k) for k in keys) and (result.get("shareID") or None) == (
-        entry.get("shareID") or None
-    )
-
-
 def _conditions(claim: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Obj]:
     for entry in (claim.get("status") or {}).get("devices") or []:
-        if _same_device(result, entry):
+        if same_device(result, entry):
             return {str(c.get("type")): c for c in entry.get("conditions") or []}
     return {}
 
@@ -289,7 +283,7 @@ async def undo_allocation(access: ApiAccess, claim: Mapping[str, Any]) -> Obj | 
             devices = [
                 d
                 for d in status.pop("devices", None) or []
-                if not any(_same_device(r, d) for r in allocated)
+                if not any(same_device(r, d) for r in allocated)
             ]
             if devices:
                 status["devices"] = devices
