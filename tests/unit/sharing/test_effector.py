@@ -57,6 +57,7 @@ MPS = sharing({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage":
 class SharingNode:
     node: Node
     session: NvmlSession
+    daemons: Any = None  # the MPS daemons of the latest engine(), to change their timeout
 
     @property
     def root(self) -> Path:
@@ -97,6 +98,7 @@ class SharingNode:
             effector.supervisor.backoff_s = backoff_s
         if ready_timeout_s is not None:
             effector.daemons.ready_timeout_s = ready_timeout_s
+        self.daemons = effector.daemons
         engine = PrepareEngine(
             driver=DRIVER,
             node_name=NODE,
