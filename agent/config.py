@@ -153,7 +153,7 @@ class AgentConfig:
     device_order: str = "names"  # one of agent.dra.order.DEVICE_ORDERS
     adopt_mig_instances: bool = False  # may destroy MIG instances the agent did not create
     mig_mode_off_when_idle: bool = True  # Hopper+: MIG mode off when a GPU's last instance goes
-    consumable_shares: str = "disabled"  # agent.dra.shares.parse_mode accepts it
+    consumable_shares: str = "disabled"  # agent.dra.share_mode.parse_mode accepts it
     device_metadata: bool = False  # KEP-5304 metadata file and CDI mount per prepared request
     # ComputeDomains (agent/imex): the second driver, compute-domain.nvidia.com
     compute_domains: str = "auto"  # one of COMPUTE_DOMAIN_MODES

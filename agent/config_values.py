@@ -45,7 +45,7 @@ def choice(value: Value, choices: tuple[str, ...]) -> str:
 
 def shares_mode(value: Value) -> str:
     """``--consumable-shares``: disabled, memory, unlimited or a number of shares."""
-    from agent.dra.shares import parse_mode
+    from agent.dra.share_mode import parse_mode
 
     try:
         return str(parse_mode(value.value))

@@ -182,7 +182,7 @@ async def _cluster_view(kubeconfig: Path, node: str) -> Any:
 async def run(args: argparse.Namespace) -> int:
     from agent.dra.allocator import ClaimSpecError, allocate, build_node_state, explain, parse_claim
     from agent.dra.errors import InvalidValueError
-    from agent.dra.shares import parse_mode
+    from agent.dra.share_mode import parse_mode
 
     if args.kubeconfig is not None and not args.node:
         print("gpu-dra-agent explain: --node is required with --kubeconfig", file=sys.stderr)

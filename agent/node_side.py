@@ -25,8 +25,8 @@ log = logging.getLogger("agent.supervisor")
 
 #: What the node's side of the start runs on (:func:`start_engine`).
 NODE_MODULES = (
-    "agent.dra",
-    "agent.dra.shares",
+    "agent.dra.devices",
+    "agent.dra.slices",
     "agent.hardware.discovery",
     "agent.kube.deferred",
     "agent.node.engine",
@@ -46,7 +46,7 @@ def load_node_modules(config: AgentConfig) -> None:
     if config.simulate is not None:
         names += ["agent.hardware.simulated.host", "agent.sim.control.server"]
     if config.compute_domains != "off":
-        names += ["agent.imex.sockets", "agent.imex.metrics"]
+        names += ["agent.imex.sockets", "agent.imex.fabric", "agent.imex.metrics"]
     for name in names:
         importlib.import_module(name)
 
@@ -61,7 +61,7 @@ class NodeSide:
     devices: list[Any]  # the DraDevices to publish
     counter_sets: tuple[Any, ...]  # with --dynamic-mig
     held_back: list[Any]  # --dynamic-mig placements not published (logged)
-    shares: Any  # agent.dra.shares.SharesMode
+    shares: Any  # agent.dra.share_mode.SharesMode
     dynamic_mig: Any  # agent.dra.partitionable.DynamicMig, or None
     pending_reader: Any  # Pending[ClaimReader]: connect_api sets it
     events: Any  # DeferredEventPoster: the API side attaches the poster
@@ -72,7 +72,7 @@ async def start_engine(
 ) -> NodeSide:
     """Discover, build and start the engine (closed by ``stack``); ``preparer`` gets it."""
     from agent.dra import build_devices
-    from agent.dra.shares import parse_mode
+    from agent.dra.share_mode import parse_mode
     from agent.hardware.discovery import discover, nvml_session
     from agent.kube.deferred import DeferredClaimReader, DeferredEventPoster
     from agent.kube.interfaces import ClaimReader

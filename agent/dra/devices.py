@@ -36,7 +36,8 @@ from agent.dra.model import (
 )
 from agent.dra.names import device_sort_key, gpu_device_name, mig_device_name, semver_from_numeric
 from agent.dra.partitionable import DynamicMig, MigSlot, partition, slot_consumption
-from agent.dra.shares import SharesMode, share_device
+from agent.dra.share_mode import SharesMode
+from agent.dra.shares import share_device
 from agent.hardware.inventory import Gpu, Inventory, MigDevice, MigPlacement, MigProfile
 
 #: Standard attribute names defined by Kubernetes (``k8s.io/dynamic-resource-allocation/deviceattribute``).

@@ -33,7 +33,7 @@ from opentelemetry import trace
 from agent.dra import build_device_set
 from agent.dra.names import mig_device_name
 from agent.dra.partitionable import DynamicMig
-from agent.dra.shares import SharesMode
+from agent.dra.share_mode import SharesMode
 from agent.hardware.events import EventPump
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory

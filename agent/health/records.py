@@ -7,12 +7,14 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from agent.dra.model import TaintEffect
 from agent.dra.names import gpu_device_name, mig_device_name
-from agent.dra.partitionable import DynamicMig, instance_name, partition
-from agent.hardware.inventory import Inventory
+
+if TYPE_CHECKING:  # the health stream loads this module before the kubelet's sockets open
+    from agent.dra.model import TaintEffect
+    from agent.dra.partitionable import DynamicMig
+    from agent.hardware.inventory import Inventory
 
 #: Longest message the kubelet keeps.
 MAX_MESSAGE_LENGTH = 1024
@@ -62,6 +64,8 @@ def device_map(
 ) -> dict[str, GpuDevices]:
     """GPU UUID -> its devices, named exactly as :func:`agent.dra.build_devices` names them
     (with the same ``dynamic_mig`` settings)."""
+    from agent.dra.partitionable import instance_name, partition  # after the sockets opened
+
     gpus: dict[str, GpuDevices] = {}
     for gpu in inventory.gpus:
         split = (

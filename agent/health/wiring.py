@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent.dra.partitionable import DynamicMig
-from agent.dra.shares import SharesMode
+from agent.dra.share_mode import SharesMode
 from agent.hardware.events import EventPump, EventSink, WatchedGpu
 from agent.hardware.health_events import EventKind, HealthEvent
 from agent.hardware.inventory import Inventory

@@ -8,3 +8,7 @@ concurrency), runs the node's IMEX daemon for that domain as a supervised child 
 the channel device nodes through CDI. ``controller`` turns a ComputeDomain into the
 ResourceClaimTemplate pods use. docs/ARCHITECTURE.md, "ComputeDomains", has the whole story.
 """
+
+#: The driver's name: in its own leaf module's namespace, so that its kubelet sockets
+#: (:mod:`agent.imex.sockets`) open before the configs' and devices' modules load.
+DRIVER = "compute-domain.nvidia.com"

@@ -23,8 +23,8 @@ from agent.dra.config import (
     DeviceConfigEntry,
     load_parameters,
 )
+from agent.imex import DRIVER as DRIVER  # its home: the package, a leaf
 
-DRIVER = "compute-domain.nvidia.com"
 KIND = "ComputeDomainChannelConfig"
 _FIELDS = ("apiVersion", "kind", "domainID", "allocationMode")
 _UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.config import AgentConfig
-from agent.hardware.inventory import Inventory
-from agent.imex.config import DRIVER
-from agent.imex.fabric import Clique, node_clique
+from agent.imex import DRIVER
 from agent.kubelet.deferred import ENGINE_WAIT_S, DeferredPreparer
+
+if TYPE_CHECKING:  # the clique's modules load after discovery, not before the sockets open
+    from agent.hardware.inventory import Inventory
+    from agent.imex.fabric import Clique
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,11 @@ async def open_sockets(
     if config.compute_domains == "off":
         log.info("ComputeDomains are off (--compute-domains=off)")
         return None
-    clique = node_clique(inventory) if inventory is not None else None
+    clique = None
+    if inventory is not None:
+        from agent.imex.fabric import node_clique
+
+        clique = node_clique(inventory)
     if config.compute_domains == "auto" and (clique is None or clique.clique is None):
         log.info(
             "not serving %s: %s (--compute-domains=on serves it without a channel)",

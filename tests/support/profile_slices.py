@@ -14,7 +14,7 @@ import anyio
 from agent.dra import build_device_set, build_slices
 from agent.dra.order import DeviceOrder
 from agent.dra.partitionable import DynamicMig
-from agent.dra.shares import SharesMode
+from agent.dra.share_mode import SharesMode
 from agent.dra.slices import SliceLayout, name_for_preview
 from agent.hardware.discovery import discover_host
 from agent.hardware.inventory import Inventory

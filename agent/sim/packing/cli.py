@@ -97,7 +97,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from agent.dra.shares import parse_mode
+    from agent.dra.share_mode import parse_mode
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODEL_NAMES]

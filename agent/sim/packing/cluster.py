@@ -20,7 +20,7 @@ from typing import Any
 from agent.dra import build_device_set, build_slices
 from agent.dra.order import DeviceOrder
 from agent.dra.partitionable import DynamicMig
-from agent.dra.shares import SharesMode
+from agent.dra.share_mode import SharesMode
 from agent.dra.slices import name_for_preview
 from agent.hardware.inventory import Inventory
 from agent.sim.packing.workload import MigSize

@@ -11,7 +11,7 @@ from typing import Any
 
 from agent.dra.allocator import allocate, build_node_state, explain, parse_claim
 from agent.dra.devices import build_device_set
-from agent.dra.shares import parse_mode
+from agent.dra.share_mode import parse_mode
 from agent.dra.slices import build_slices
 from tests.support.inventories import h100_mixed_mig_node
 from tests.unit.dra.test_allocator import (

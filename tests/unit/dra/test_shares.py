@@ -11,7 +11,8 @@ from agent.dra.errors import InvalidNameError, InvalidValueError
 from agent.dra.model import DraDevice
 from agent.dra.partitionable import DynamicMig
 from agent.dra.quantity import parse_quantity
-from agent.dra.shares import DISABLED, MEMORY_STEP, SharesMode, parse_mode
+from agent.dra.share_mode import DISABLED, SharesMode, parse_mode
+from agent.dra.shares import MEMORY_STEP
 from agent.dra.slices import build_slices
 from tests.support import k8s_schema
 from tests.support.inventories import h100_mixed_mig_node, h100_node

@@ -22,7 +22,7 @@ from agent.dra.devices import DeviceSet
 from agent.dra.model import DeviceTaint
 from agent.dra.order import DEVICE_ORDERS, DeviceOrder
 from agent.dra.partitionable import DynamicMig
-from agent.dra.shares import parse_mode
+from agent.dra.share_mode import parse_mode
 from agent.dra.slices import layout_for_version, name_for_preview
 from agent.hardware.simulated import shipped_profiles
 from tests.support import k8s_schema

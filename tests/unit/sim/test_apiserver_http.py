@@ -11,7 +11,7 @@ import pytest
 from kubernetes_asyncio import client
 
 from agent.dra.partitionable import DynamicMig
-from agent.dra.shares import parse_mode
+from agent.dra.share_mode import parse_mode
 from agent.sim.apiserver import EmbeddedApiServer
 from tests.support.profile_slices import profile_slices
 from tests.unit.sim.conftest import slice_body
