@@ -24,6 +24,7 @@ from agent.config import AgentConfig
 from agent.health.policy import HealthPolicy
 from agent.kube.interfaces import ClaimReader, EventPoster
 from agent.pending import Pending
+from agent.threadload import load_in_thread
 
 log = logging.getLogger("agent.supervisor")
 
@@ -76,7 +77,7 @@ async def connect_api(
     cannot be loaded raises :class:`agent.kube.client.KubeConfigError`; the waiting reads then
     fail."""
     try:
-        await anyio.to_thread.run_sync(load_api_modules, config.compute_domains != "off")
+        await load_in_thread(load_api_modules, config.compute_domains != "off")
         return await _connect(config, stack, claim_reader)
     except Exception as err:
         claim_reader.fail(str(err))

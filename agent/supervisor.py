@@ -220,10 +220,11 @@ class Supervisor:
         # Heavy imports live here so that `gpu-dra-agent --help` and the kubelet's first
         # answer stay fast: loaded in a worker thread, so that the event loop answers the
         # kubelet's registration meanwhile (the API side's, aiohttp and kubernetes-asyncio,
-        # are loaded by connect_api the same way).
+        # are loaded by connect_api the same way; agent/threadload.py).
         from agent.node_side import load_node_modules, start_engine
+        from agent.threadload import load_in_thread
 
-        await anyio.to_thread.run_sync(load_node_modules, self.config)
+        await load_in_thread(load_node_modules, self.config)
         from agent.api_side import connect_api
         from agent.kube.deferred import DeferredPublisher
 
