@@ -9,6 +9,6 @@ the channel device nodes through CDI. ``controller`` turns a ComputeDomain into 
 ResourceClaimTemplate pods use. docs/ARCHITECTURE.md, "ComputeDomains", has the whole story.
 """
 
-#: The driver's name: in its own leaf module's namespace, so that its kubelet sockets
+#: The driver's name, in the package (which loads nothing), so that its kubelet sockets
 #: (:mod:`agent.imex.sockets`) open before the configs' and devices' modules load.
 DRIVER = "compute-domain.nvidia.com"
