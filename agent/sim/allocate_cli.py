@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import yaml
 
+from agent.sim.binding_flag import add_binding_timeout
+
 if TYPE_CHECKING:
     from agent.sim.binding import WaitHook
 
@@ -46,16 +48,7 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         help="the node to allocate on; repeat it to give candidates in order: a claim that "
         "does not fit, or whose binding conditions fail or time out, goes on to the next",
     )
-    parser.add_argument(
-        "--binding-timeout",
-        type=float,
-        default=600.0,
-        metavar="SECONDS",
-        help="how long the scheduler's PreBind waits for a device's binding conditions "
-        "(KEP-5007, on from Kubernetes 1.36) to become True in the claim's status.devices, "
-        "counted from status.allocation.allocationTimestamp, before it undoes the allocation "
-        "(kube-scheduler's bindingTimeout; default 600)",
-    )
+    add_binding_timeout(parser)
     parser.add_argument(
         "--reserve-for",
         metavar="POD",

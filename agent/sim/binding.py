@@ -36,11 +36,10 @@ from agent.sim.allocation import (
     api_request,
     create_claim,
 )
+from agent.sim.binding_flag import DEFAULT_BINDING_TIMEOUT_S
 from agent.sim.claims import PodReference
 
 Obj = dict[str, Any]
-#: kube-scheduler's ``DynamicResourcesArgs.bindingTimeout`` default
-DEFAULT_BINDING_TIMEOUT_S = 600.0
 Verdict = Literal["bound", "waiting", "failed", "timeout"]
 #: told the node and the claim as allocated there, when PreBind starts to wait
 WaitHook = Callable[[str, Obj], None]

@@ -4,7 +4,8 @@ Run next to the agent (and the embedded API server), it logs every registration,
 change, health report and slice wipe until SIGINT or SIGTERM, which is how a person watches the
 agent's kubelet-facing behaviour without a cluster. With ``--pod NAME --claim CLAIM...`` it
 also starts one pod: its claims are allocated on the node by the allocator (as kube-scheduler
-would; retried while they do not fit or the driver is not registered yet, up to
+would, on 1.36+ waiting in PreBind for binding conditions up to ``--binding-timeout``; retried
+while they do not fit, their binding fails or the driver is not registered yet, up to
 ``--pod-timeout``) and prepared; the CDI devices each claim got are logged, and on SIGINT or
 SIGTERM the pod's claims are unprepared and released. Exit status 1 when the pod could not
 start in time, 2 on bad options.
@@ -22,6 +23,7 @@ import anyio
 import yaml
 from kubernetes_asyncio import client, config
 
+from agent.sim.binding_flag import add_binding_timeout
 from agent.sim.claims import PodReference
 from agent.sim.kubelet.emulator import KubeletEmulator
 from agent.sim.kubelet.errors import DraCallError, DriverNotRegisteredError
@@ -99,9 +101,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
         "--pod-timeout",
         type=float,
         default=60.0,
-        help="seconds to keep retrying while the pod's claims do not fit or its driver is "
-        "not registered",
+        help="seconds to keep retrying while the pod's claims do not fit, their binding "
+        "conditions fail or time out (--binding-timeout), or its driver is not registered",
     )
+    add_binding_timeout(parser)
     add_switch(
         parser,
         "delete-claims",
@@ -210,7 +213,9 @@ async def _start_pod(
     with anyio.move_on_after(args.pod_timeout):
         while True:
             try:
-                started = await kubelet.run_pod(pod, names, namespace=args.namespace)
+                started = await kubelet.run_pod(
+                    pod, names, namespace=args.namespace, binding_timeout_s=args.binding_timeout
+                )
             except (PodAdmissionError, DriverNotRegisteredError, DraCallError) as exc:
                 reason = str(exc)
             else:

@@ -23,7 +23,8 @@ from anyio.abc import TaskGroup
 
 from agent.node.types import ClaimRef
 from agent.sim.allocation import ApiAccess, access_from_configuration
-from agent.sim.binding import DEFAULT_BINDING_TIMEOUT_S, needs_binding
+from agent.sim.binding import needs_binding
+from agent.sim.binding_flag import DEFAULT_BINDING_TIMEOUT_S
 from agent.sim.claims import PodReference
 from agent.sim.kubelet.dra_client import DEFAULT_CALL_TIMEOUT
 from agent.sim.kubelet.errors import DraCallError, KubeletEmulatorError

@@ -33,12 +33,12 @@ from agent.sim.allocation import (
     release_claim,
 )
 from agent.sim.binding import (
-    DEFAULT_BINDING_TIMEOUT_S,
     BindingOutcome,
     needs_binding,
     undo_allocation,
     wait_for_binding,
 )
+from agent.sim.binding_flag import DEFAULT_BINDING_TIMEOUT_S
 from agent.sim.claims import ClaimCreationError, PodReference
 from agent.sim.kubelet.errors import KubeletEmulatorError
 

@@ -1,5 +1,7 @@
-"""``gpu-dra-agent sim allocate --binding-timeout`` against a 1.36 embedded API server: the
-wait is printed, a node whose conditions never come is left for the next ``--node``."""
+"""``--binding-timeout`` of ``gpu-dra-agent sim allocate`` and ``sim kubelet --pod`` against a
+1.36 embedded API server: the wait is printed, a node whose conditions never come is left for
+the next ``--node``; the kubelet emulator's pod waits in PreBind for as long as the flag says,
+and starts its prepare once the conditions are True."""
 
 from __future__ import annotations
 
@@ -13,7 +15,15 @@ import pytest
 
 from agent.sim.allocation import ApiAccess, create_claim
 from agent.sim.apiserver import EmbeddedApiServer
-from tests.unit.sim.test_binding import READY, Obj, channel, fake_controller, started, stored
+from tests.unit.sim.test_binding import (
+    READY,
+    Obj,
+    channel,
+    fake_controller,
+    results,
+    started,
+    stored,
+)
 
 
 @pytest.fixture
@@ -67,3 +77,50 @@ async def test_sim_allocate_fails_when_no_node_binds(
     assert result.returncode == 1
     assert "binding timeout on node-a" in result.stderr.decode()
     assert not (stored(cluster, "ch").get("status") or {}).get("allocation")
+
+
+def kubelet_pod(kubeconfig: Path, registry: Path, *flags: str) -> list[str]:
+    """``sim kubelet`` on node-a with one pod whose claim is ``ch``."""
+    command = [sys.executable, "-m", "agent", "sim", "kubelet", "--registrar-dir", str(registry)]
+    command += ["--node-name", "node-a", "--kubeconfig", str(kubeconfig)]
+    return [*command, "--no-wipe-on-start", "--no-auto-wipe", "--pod", "p", "--claim", "ch", *flags]
+
+
+@pytest.mark.anyio
+async def test_sim_kubelet_pod_waits_in_prebind_up_to_the_binding_timeout(
+    cluster: EmbeddedApiServer, tmp_path: Path
+) -> None:
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    await create_claim(ApiAccess(cluster.url), channel("ch"))
+    command = kubelet_pod(kubeconfig, tmp_path / "registry", "--binding-timeout", "1")
+    with anyio.fail_after(60):
+        result = await anyio.run_process([*command, "--pod-timeout", "3"], check=False)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert "waits in PreBind on node-a for the binding conditions of claims ['ch']" in err
+    assert "binding conditions not True within the binding timeout of 1 s" in err
+    assert "pod default/p did not start within 3s" in err
+    assert not (stored(cluster, "ch").get("status") or {}).get("allocation")  # undone
+
+
+@pytest.mark.anyio
+async def test_sim_kubelet_pod_goes_on_to_prepare_once_the_conditions_are_true(
+    cluster: EmbeddedApiServer, tmp_path: Path
+) -> None:
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    access = ApiAccess(cluster.url)
+    await create_claim(access, channel("ch"))
+    command = kubelet_pod(kubeconfig, tmp_path / "registry", "--binding-timeout", "30")
+    written: dict[str, Obj] = {}
+    async with anyio.create_task_group() as group:
+        group.start_soon(
+            partial(fake_controller, cluster, access, "ch", {"node-a": (READY, "")}, written)
+        )
+        with anyio.fail_after(60):
+            result = await anyio.run_process([*command, "--pod-timeout", "4"], check=False)
+    err = result.stderr.decode()
+    # bound on node-a; no compute-domain plugin is registered here, so the prepare waits
+    assert result.returncode == 1, err
+    assert "within the binding timeout" not in err
+    assert "no plugin instance of driver 'compute-domain.nvidia.com' is registered" in err
+    assert results(stored(cluster, "ch"))[0]["pool"] == "node-a"
