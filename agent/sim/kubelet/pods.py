@@ -46,6 +46,8 @@ Obj = dict[str, Any]
 #: A claim of a pod: a ResourceClaim manifest to create, or the name of a stored claim in the
 #: pod's namespace.
 ClaimSource = Mapping[str, Any] | str
+#: how long a pod given up in PreBind may take to give its claims back
+UNRESERVE_TIMEOUT_S = 10.0
 
 
 class PodAdmissionError(KubeletEmulatorError):
@@ -184,7 +186,8 @@ async def prebind(
     (all claims at once; none for claims without). Returns the pod with its claims as stored
     then. When one fails or times out the others' waits end, the claims whose conditions are
     not all True lose their allocation, the rest are unreserved (as the scheduler's
-    Unreserve), and :class:`PodBindingError` says why."""
+    Unreserve), and :class:`PodBindingError` says why. A wait cancelled from outside (the
+    pod given up) gives the claims back the same way before the cancellation goes on."""
     outcomes: dict[int, BindingOutcome] = {}
     failed: list[BindingOutcome] = []
 
@@ -195,24 +198,40 @@ async def prebind(
             failed.append(outcome)
             scope.cancel()
 
-    async with anyio.create_task_group() as group:
-        for index, claim in enumerate(pod.claims):
-            if needs_binding(claim):
-                group.start_soon(wait, index, claim, group.cancel_scope)
+    try:
+        async with anyio.create_task_group() as group:
+            for index, claim in enumerate(pod.claims):
+                if needs_binding(claim):
+                    group.start_soon(wait, index, claim, group.cancel_scope)
+    except anyio.get_cancelled_exc_class():
+        # the pod was given up while it waited (its start's timeout, a stop): the scheduler's
+        # Unreserve gives its claims back all the same, whatever cancelled the wait
+        with anyio.CancelScope(shield=True), anyio.move_on_after(UNRESERVE_TIMEOUT_S):
+            await _give_back(access, pod, outcomes)
+        raise
     if not failed:
         claims = [
             (outcomes[i].claim or c) if i in outcomes else c for i, c in enumerate(pod.claims)
         ]
         return PodClaims(pod.pod, pod.namespace, claims, pod.drivers)
-    for index, claim in enumerate(pod.claims):
-        outcome = outcomes.get(index)
-        if needs_binding(claim) and outcome is None:  # its wait was ended: not bound
-            await undo_allocation(access, claim)
-        elif outcome is None or outcome.bound:
-            ref = claim_ref(claim)
-            await release_claim(access, ref.namespace, ref.name, pod.pod)
+    await _give_back(access, pod, outcomes)
     raise PodBindingError(
         f"pod {pod.namespace}/{pod.pod.name}: binding {failed[0].state}: {failed[0].message}; "
         "its claims were given back, the pod can be scheduled on another node",
         failed[0],
     )
+
+
+async def _give_back(
+    access: ApiAccess, pod: PodClaims, outcomes: dict[int, BindingOutcome]
+) -> None:
+    """The claims of a pod that will not bind here: those whose binding conditions are not all
+    True lose their allocation, the rest are unreserved."""
+    for index, claim in enumerate(pod.claims):
+        outcome = outcomes.get(index)
+        if needs_binding(claim) and (outcome is None or not outcome.bound):
+            if outcome is None:  # its wait was ended (a failed outcome undid its own)
+                await undo_allocation(access, claim)
+        else:
+            ref = claim_ref(claim)
+            await release_claim(access, ref.namespace, ref.name, pod.pod)

@@ -94,13 +94,31 @@ async def test_sim_kubelet_pod_waits_in_prebind_up_to_the_binding_timeout(
     await create_claim(ApiAccess(cluster.url), channel("ch"))
     command = kubelet_pod(kubeconfig, tmp_path / "registry", "--binding-timeout", "1")
     with anyio.fail_after(60):
-        result = await anyio.run_process([*command, "--pod-timeout", "3"], check=False)
+        result = await anyio.run_process([*command, "--pod-timeout", "5"], check=False)
     err = result.stderr.decode()
     assert result.returncode == 1, err
     assert "waits in PreBind on node-a for the binding conditions of claims ['ch']" in err
     assert "binding conditions not True within the binding timeout of 1 s" in err
-    assert "pod default/p did not start within 3s" in err
+    assert "pod default/p did not start within 5s" in err
     assert not (stored(cluster, "ch").get("status") or {}).get("allocation")  # undone
+
+
+@pytest.mark.anyio
+async def test_a_pod_given_up_in_prebind_gives_its_claim_back(
+    cluster: EmbeddedApiServer, tmp_path: Path
+) -> None:
+    """--pod-timeout ends the start while PreBind still waits: the allocation is undone, as
+    the scheduler's Unreserve does, not left to a pod that will never run."""
+    kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
+    await create_claim(ApiAccess(cluster.url), channel("ch"))
+    command = kubelet_pod(kubeconfig, tmp_path / "registry", "--binding-timeout", "60")
+    with anyio.fail_after(60):
+        result = await anyio.run_process([*command, "--pod-timeout", "2"], check=False)
+    err = result.stderr.decode()
+    assert result.returncode == 1, err
+    assert "waits in PreBind on node-a" in err and "pod default/p did not start within 2s" in err
+    assert "within the binding timeout" not in err
+    assert not (stored(cluster, "ch").get("status") or {}).get("allocation")
 
 
 @pytest.mark.anyio
