@@ -14,11 +14,9 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +39,7 @@ NODES = {"tray-a": (TRAY, "10.0.8.1"), "tray-b": (TRAY, "10.0.8.2")}
 
 
 @pytest.fixture(scope="module")
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture(scope="module")
-def workdir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="bc-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-async def cluster(workdir: Path) -> AsyncIterator[Cluster]:
+async def cluster(workdir: Path) -> AsyncIterator[Cluster]:  # workdir, anyio_backend: conftest
     async with running_cluster(workdir, NODES, kubernetes_version="1.36.0") as cluster:
         yield cluster
 

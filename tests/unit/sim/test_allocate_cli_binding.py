@@ -5,8 +5,8 @@ and starts its prepare once the conditions are True."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
-from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
 
@@ -21,18 +21,25 @@ from tests.unit.sim.test_binding import (
     channel,
     fake_controller,
     results,
-    started,
     stored,
 )
+from tests.unit.sim.test_binding import cluster as cluster  # the fixture (1.36)
 
 
-@pytest.fixture
-async def cluster() -> AsyncIterator[EmbeddedApiServer]:
-    server = await started("1.36.0")
-    try:
-        yield server
-    finally:
-        await server.stop()
+async def beside_a_controller(
+    cluster: EmbeddedApiServer,
+    access: ApiAccess,
+    answers: dict[str, tuple[str, str]],
+    command: list[str],
+) -> subprocess.CompletedProcess[bytes]:
+    """Run ``command`` while a driver's controller answers claim ``ch`` per node."""
+    written: dict[str, Obj] = {}
+    async with anyio.create_task_group() as group:
+        group.start_soon(partial(fake_controller, cluster, access, "ch", answers, written))
+        with anyio.fail_after(60):
+            result = await anyio.run_process(command, check=False)
+        group.cancel_scope.cancel()  # a controller still waiting for its node must not hang
+    return result
 
 
 @pytest.mark.anyio
@@ -44,13 +51,8 @@ async def test_sim_allocate_waits_and_moves_on_after_the_binding_timeout(
     await create_claim(access, channel("ch"))
     command = [sys.executable, "-m", "agent", "sim", "allocate", "--kubeconfig", str(kubeconfig)]
     command += ["--node", "node-a", "--node", "node-b", "--binding-timeout", "2", "default/ch"]
-    written: dict[str, Obj] = {}
-    async with anyio.create_task_group() as group:  # node-a never answers, node-b does
-        group.start_soon(
-            partial(fake_controller, cluster, access, "ch", {"node-b": (READY, "")}, written)
-        )
-        with anyio.fail_after(60):
-            result = await anyio.run_process(command, check=False)
+    # node-a never answers, node-b does
+    result = await beside_a_controller(cluster, access, {"node-b": (READY, "")}, command)
     out, err = result.stdout.decode(), result.stderr.decode()
     assert result.returncode == 0, out + err
     assert "default/ch: allocated on node-a; PreBind waits up to 2 s for " in out
@@ -129,13 +131,9 @@ async def test_sim_kubelet_pod_goes_on_to_prepare_once_the_conditions_are_true(
     access = ApiAccess(cluster.url)
     await create_claim(access, channel("ch"))
     command = kubelet_pod(kubeconfig, tmp_path / "registry", "--binding-timeout", "30")
-    written: dict[str, Obj] = {}
-    async with anyio.create_task_group() as group:
-        group.start_soon(
-            partial(fake_controller, cluster, access, "ch", {"node-a": (READY, "")}, written)
-        )
-        with anyio.fail_after(60):
-            result = await anyio.run_process([*command, "--pod-timeout", "4"], check=False)
+    result = await beside_a_controller(
+        cluster, access, {"node-a": (READY, "")}, [*command, "--pod-timeout", "4"]
+    )
     err = result.stderr.decode()
     # bound on node-a; no compute-domain plugin is registered here, so the prepare waits
     assert result.returncode == 1, err

@@ -4,7 +4,7 @@ another node's emulator starts the pod with it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import AsyncExitStack
 from functools import partial
 from pathlib import Path
@@ -24,24 +24,15 @@ from tests.unit.sim.test_binding import (
     Obj,
     channel,
     fake_controller,
-    started,
     stored,
 )
+from tests.unit.sim.test_binding import cluster as cluster  # the fixture (1.36)
 
 
 @pytest.fixture
 def root() -> Iterator[Path]:
     with short_tmpdir() as path:
         yield path
-
-
-@pytest.fixture
-async def cluster() -> AsyncIterator[EmbeddedApiServer]:
-    server = await started("1.36.0")
-    try:
-        yield server
-    finally:
-        await server.stop()
 
 
 @pytest.mark.anyio
